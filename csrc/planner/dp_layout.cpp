@@ -1,0 +1,233 @@
+#include "dp_layout.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+namespace packkit {
+
+namespace {
+
+Slots group_by_bin(const BinAssignment& bins) {
+  Slots slots(static_cast<size_t>(bins.num_bins));
+  for (size_t k = 0; k < bins.order.size(); ++k) slots[static_cast<size_t>(bins.bin_at[k])].push_back(bins.order[k]);
+  return slots;
+}
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Mutable state of one step's bins during local search.
+struct StepState {
+  const int64_t* lengths;
+  const std::vector<double>& costs;
+  int64_t capacity;
+  std::vector<std::vector<int64_t>*> bins;
+  std::vector<double> cost;
+  std::vector<int64_t> load;
+
+  StepState(const int64_t* l, const std::vector<double>& c, int64_t cap)
+      : lengths(l), costs(c), capacity(cap) {}
+
+  void add(std::vector<int64_t>* bin) {
+    bins.push_back(bin);
+    double c = 0;
+    int64_t t = 0;
+    for (int64_t i : *bin) {
+      c += costs[static_cast<size_t>(i)];
+      t += lengths[i];
+    }
+    cost.push_back(c);
+    load.push_back(t);
+  }
+
+  size_t argmax() const {
+    return static_cast<size_t>(std::max_element(cost.begin(), cost.end()) - cost.begin());
+  }
+
+  // Transfers item at position pi of bin m to bin t, and (if pj >= 0) item at position pj of t to m.
+  void exchange(size_t m, size_t pi, size_t t, int64_t pj) {
+    auto& bm = *bins[m];
+    auto& bt = *bins[t];
+    const int64_t i = bm[pi];
+    double delta = costs[static_cast<size_t>(i)];
+    int64_t dlen = lengths[i];
+    if (pj >= 0) {
+      const int64_t j = bt[static_cast<size_t>(pj)];
+      delta -= costs[static_cast<size_t>(j)];
+      dlen -= lengths[j];
+      bm[pi] = j;
+      bt[static_cast<size_t>(pj)] = i;
+    } else {
+      bm[pi] = bm.back();
+      bm.pop_back();
+      bt.push_back(i);
+    }
+    cost[m] -= delta;
+    cost[t] += delta;
+    load[m] -= dlen;
+    load[t] += dlen;
+  }
+
+  // One best improving move or swap out of the costliest bin. Returns false when none exists.
+  bool improve_once() {
+    const size_t m = argmax();
+    const double top = cost[m];
+    double best = top - 1e-12 * top;  // must beat the current maximum by more than rounding
+    size_t best_pi = 0, best_t = 0;
+    int64_t best_pj = -2;
+    const auto& bm = *bins[m];
+    const int64_t free_m = capacity - load[m];
+    std::vector<std::pair<double, int64_t>> sorted_t;  // (cost, position) of target's items
+    for (size_t t = 0; t < bins.size(); ++t) {
+      if (t == m || cost[t] >= top) continue;
+      const int64_t free_t = capacity - load[t];
+      const double half_gap = (top - cost[t]) / 2;
+      auto& bt = *bins[t];
+      sorted_t.clear();
+      for (size_t q = 0; q < bt.size(); ++q) sorted_t.emplace_back(costs[static_cast<size_t>(bt[q])], static_cast<int64_t>(q));
+      std::sort(sorted_t.begin(), sorted_t.end());
+      for (size_t pi = 0; pi < bm.size(); ++pi) {
+        const int64_t i = bm[pi];
+        const double ci = costs[static_cast<size_t>(i)];
+        const int64_t li = lengths[i];
+        if (li <= free_t) {  // move i alone
+          const double pair_max = std::max(top - ci, cost[t] + ci);
+          if (pair_max < best) best = pair_max, best_pi = pi, best_t = t, best_pj = -1;
+        }
+        // swap with j whose cost is nearest ci - half_gap (that transfer levels the pair)
+        const double want = ci - half_gap;
+        auto pos = std::lower_bound(sorted_t.begin(), sorted_t.end(), std::make_pair(want, int64_t{-1}));
+        const ptrdiff_t centre = pos - sorted_t.begin();
+        for (ptrdiff_t k = std::max<ptrdiff_t>(0, centre - 3);
+             k < std::min<ptrdiff_t>(static_cast<ptrdiff_t>(sorted_t.size()), centre + 3); ++k) {
+          const double cj = sorted_t[static_cast<size_t>(k)].first;
+          const int64_t pj = sorted_t[static_cast<size_t>(k)].second;
+          const int64_t lj = lengths[bt[static_cast<size_t>(pj)]];
+          if (cj >= ci || lj - li > free_m || li - lj > free_t) continue;
+          const double d = ci - cj;
+          const double pair_max = std::max(top - d, cost[t] + d);
+          if (pair_max < best) best = pair_max, best_pi = pi, best_t = t, best_pj = pj;
+        }
+      }
+    }
+    if (best_pj == -2) return false;
+    exchange(m, best_pi, best_t, best_pj);
+    return true;
+  }
+
+  void refine() {
+    // Each accepted step strictly lowers the sum of squared bin costs, so this terminates; the
+    // cap bounds the work on steps with very many items.
+    const size_t max_rounds = 32 * bins.size() + 64;
+    for (size_t round = 0; round < max_rounds && improve_once(); ++round) {
+    }
+  }
+};
+
+double bin_cost(const std::vector<int64_t>& bin, const std::vector<double>& costs) {
+  double c = 0;
+  for (int64_t i : bin) c += costs[static_cast<size_t>(i)];
+  return c;
+}
+
+// Gives empty slots of the last step one item each from the costliest bins of other steps, when
+// that strictly lowers the donor step's maximum and does not raise the last step's maximum.
+void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp) {
+  const size_t num_steps = slots.size() / static_cast<size_t>(dp);
+  if (num_steps < 2) return;
+  const size_t last = (num_steps - 1) * static_cast<size_t>(dp);
+  double last_max = 0;
+  std::vector<size_t> empty;
+  for (size_t k = last; k < slots.size(); ++k) {
+    if (slots[k].empty()) empty.push_back(k);
+    last_max = std::max(last_max, bin_cost(slots[k], costs));
+  }
+  for (size_t e : empty) {
+    // Best donor: the step whose maximum drops the most.
+    double best_gain = 0, best_cost = 0;
+    size_t best_bin = 0, best_pos = 0;
+    for (size_t s = 0; s + 1 < num_steps; ++s) {
+      double top = -1, second = 0;
+      size_t m = 0;
+      for (size_t k = s * static_cast<size_t>(dp); k < (s + 1) * static_cast<size_t>(dp); ++k) {
+        const double c = bin_cost(slots[k], costs);
+        if (c > top) second = std::max(second, top), top = c, m = k;
+        else second = std::max(second, c);
+      }
+      if (slots[m].size() < 2) continue;
+      for (size_t p = 0; p < slots[m].size(); ++p) {
+        const double ci = costs[static_cast<size_t>(slots[m][p])];
+        if (ci > last_max) continue;
+        const double gain = top - std::max(top - ci, second);
+        // equal gains: move the cheaper item (the smaller change)
+        if (gain > best_gain || (gain == best_gain && gain > 0 && ci < best_cost))
+          best_gain = gain, best_cost = ci, best_bin = m, best_pos = p;
+      }
+    }
+    if (best_gain <= 0) break;
+    auto& donor = slots[best_bin];
+    slots[e].push_back(donor[best_pos]);
+    donor[best_pos] = donor.back();
+    donor.pop_back();
+  }
+}
+
+// Orders each step's bins over ranks so that every rank's running total stays level: the step's
+// costliest bin goes to the rank with the least accumulated cost (LPT across steps). Without this
+// the sorted layout would hand rank 0 the costliest bin of every step.
+void assign_ranks(Slots& slots, const std::vector<double>& costs, int64_t dp_size) {
+  const size_t dp = static_cast<size_t>(dp_size);
+  std::vector<double> total(dp, 0.0);
+  std::vector<size_t> bins_by_cost(dp), ranks_by_total(dp);
+  std::vector<double> cost(dp);
+  Slots step(dp);
+  for (size_t s = 0; s * dp < slots.size(); ++s) {
+    for (size_t r = 0; r < dp; ++r) cost[r] = bin_cost(slots[s * dp + r], costs);
+    std::iota(bins_by_cost.begin(), bins_by_cost.end(), size_t{0});
+    std::stable_sort(bins_by_cost.begin(), bins_by_cost.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+    std::iota(ranks_by_total.begin(), ranks_by_total.end(), size_t{0});
+    std::stable_sort(ranks_by_total.begin(), ranks_by_total.end(), [&](size_t a, size_t b) { return total[a] < total[b]; });
+    for (size_t k = 0; k < dp; ++k) {
+      step[ranks_by_total[k]] = std::move(slots[s * dp + bins_by_cost[k]]);
+      total[ranks_by_total[k]] += cost[bins_by_cost[k]];
+    }
+    for (size_t r = 0; r < dp; ++r) slots[s * dp + r] = std::move(step[r]);
+  }
+}
+
+}  // namespace
+
+Slots deal_in_order(const BinAssignment& bins, int64_t dp_size) {
+  Slots slots = group_by_bin(bins);
+  slots.resize(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
+  return slots;
+}
+
+Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
+                    const std::vector<double>& costs, int64_t capacity, int64_t dp_size) {
+  Slots by_bin = group_by_bin(bins);
+  if (dp_size == 1) return by_bin;
+
+  std::vector<double> cost(by_bin.size());
+  for (size_t b = 0; b < by_bin.size(); ++b) cost[b] = bin_cost(by_bin[b], costs);
+  std::vector<size_t> order(by_bin.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+
+  Slots slots(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
+  for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
+
+  const size_t dp = static_cast<size_t>(dp_size);
+  auto refine_step = [&](size_t s) {
+    StepState state(lengths, costs, capacity);
+    for (size_t k = s * dp; k < (s + 1) * dp; ++k) state.add(&slots[k]);
+    state.refine();
+  };
+  const size_t num_steps = slots.size() / dp;
+  for (size_t s = 0; s < num_steps; ++s) refine_step(s);
+  fill_last_step(slots, costs, dp_size);
+  if (num_steps > 0) refine_step(num_steps - 1);
+  assign_ranks(slots, costs, dp_size);
+  return slots;
+}
+
+}  // namespace packkit

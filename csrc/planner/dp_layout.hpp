@@ -1,0 +1,21 @@
+// Lays bins out step-major for data parallelism: slot s*dp_size + r is rank r's row at step s,
+// and every step has exactly dp_size slots (the last step is padded with empty bins).
+#pragma once
+#include "plan_types.hpp"
+
+namespace packkit {
+
+using Slots = std::vector<std::vector<int64_t>>;  // item indices per slot
+
+// Bins in their own order, bin k -> slot k. What every algorithm but ogbfd does with dp_size > 1.
+Slots deal_in_order(const BinAssignment& bins, int64_t dp_size);
+
+// ogbfd's grouping. Bins are sorted by cost and consecutive runs of dp_size bins form a step, so
+// each step holds bins of similar cost; then, inside each step, items move or swap between bins
+// (never past capacity) while that lowers the step's largest bin cost. Empty slots of the last
+// step take items from the most loaded bins of other steps when that lowers those steps' maxima.
+// Items are only moved, never copied: every item stays in exactly one slot.
+Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
+                    const std::vector<double>& costs, int64_t capacity, int64_t dp_size);
+
+}  // namespace packkit

@@ -1,0 +1,49 @@
+#include <algorithm>
+#include <numeric>
+
+#include "packers.hpp"
+
+namespace packkit {
+
+Int32Buffer decreasing_order(const int64_t* lengths, int64_t n) {
+  Int32Buffer order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int32_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return lengths[a] > lengths[b]; });
+  return order;
+}
+
+BinAssignment first_fit_decreasing(const int64_t* lengths, int64_t n, int64_t capacity) {
+  BinAssignment out;
+  out.order = decreasing_order(lengths, n);
+  out.bin_at.resize(static_cast<size_t>(n));
+  out.length_at.resize(static_cast<size_t>(n));
+  if (n == 0) return out;
+  // Max segment tree over bins' free space; unopened bins hold 0 and are never chosen, so
+  // "leftmost leaf with free >= len" is first fit. There are at most n bins.
+  size_t leaves = 1;
+  while (leaves < static_cast<size_t>(n)) leaves <<= 1;
+  std::vector<int64_t> tree(2 * leaves, 0);
+  auto update = [&](size_t leaf, int64_t value) {
+    size_t node = leaf + leaves;
+    tree[node] = value;
+    for (node >>= 1; node >= 1; node >>= 1) tree[node] = std::max(tree[2 * node], tree[2 * node + 1]);
+  };
+  for (size_t k = 0; k < static_cast<size_t>(n); ++k) {
+    const int64_t len = lengths[out.order[k]];
+    size_t bin;
+    if (tree[1] < len) {
+      bin = static_cast<size_t>(out.num_bins++);
+      update(bin, capacity - len);
+    } else {
+      size_t node = 1;
+      while (node < leaves) node = tree[2 * node] >= len ? 2 * node : 2 * node + 1;
+      bin = node - leaves;
+      update(bin, tree[node] - len);
+    }
+    out.bin_at[k] = static_cast<int32_t>(bin);
+    out.length_at[k] = len;
+  }
+  return out;
+}
+
+}  // namespace packkit

@@ -1,0 +1,70 @@
+#include <algorithm>
+#include <cstdint>
+
+#include "capacity_bitmap.hpp"
+#include "packers.hpp"
+
+namespace packkit {
+
+namespace {
+// Dense per-capacity arrays cost ~12 bytes per capacity value; beyond this (and beyond a few
+// entries per item) the comparison-based best fit is cheaper. Both give the same bin count.
+bool dense_is_cheaper(int64_t capacity, int64_t n) {
+  return capacity <= std::max<int64_t>(int64_t{1} << 22, 8 * n);
+}
+}  // namespace
+
+BinAssignment optimized_best_fit(const int64_t* lengths, int64_t n, int64_t capacity) {
+  if (!dense_is_cheaper(capacity, n)) return best_fit_decreasing(lengths, n, capacity);
+
+  BinAssignment out;
+  out.resize(static_cast<size_t>(n));
+
+  // Counting sort, longest first, equal lengths in index order. Afterwards the items of length
+  // `len` occupy order[first[capacity - len] .. first[capacity - len + 1]).
+  std::vector<int64_t> first(static_cast<size_t>(capacity) + 1, 0);
+  for (int64_t i = 0; i < n; ++i) ++first[static_cast<size_t>(capacity - lengths[i] + 1)];
+  for (size_t key = 1; key < first.size(); ++key) first[key] += first[key - 1];
+  {
+    std::vector<int64_t> cursor(first);
+    for (int64_t i = 0; i < n; ++i)
+      out.order[static_cast<size_t>(cursor[static_cast<size_t>(capacity - lengths[i])]++)] = static_cast<int32_t>(i);
+  }
+
+  // Bins with free space f form a stack threaded through next_bin; head[f] is its top.
+  // The bitmap holds every f whose stack is non-empty.
+  std::vector<int32_t> head(static_cast<size_t>(capacity) + 1, -1);
+  std::vector<int32_t> next_bin;
+  next_bin.reserve(static_cast<size_t>(n / 4 + 16));
+  CapacityBitmap nonempty(capacity + 1);
+
+  // Walk the buckets instead of reading lengths[order[k]]: no random reads in the hot loop.
+  for (int64_t key = 0; key < capacity; ++key) {
+    const int64_t len = capacity - key;
+    for (int64_t k = first[static_cast<size_t>(key)]; k < first[static_cast<size_t>(key) + 1]; ++k) {
+      const int64_t f = nonempty.find_next(len);
+      int32_t bin;
+      int64_t new_free;
+      if (f < 0) {
+        bin = static_cast<int32_t>(out.num_bins++);
+        next_bin.push_back(-1);
+        new_free = capacity - len;
+      } else {
+        bin = head[static_cast<size_t>(f)];  // pop
+        head[static_cast<size_t>(f)] = next_bin[static_cast<size_t>(bin)];
+        if (head[static_cast<size_t>(f)] < 0) nonempty.clear(f);
+        new_free = f - len;
+      }
+      if (new_free > 0) {  // push; full bins are never searched again
+        next_bin[static_cast<size_t>(bin)] = head[static_cast<size_t>(new_free)];
+        if (head[static_cast<size_t>(new_free)] < 0) nonempty.set(new_free);
+        head[static_cast<size_t>(new_free)] = bin;
+      }
+      out.bin_at[static_cast<size_t>(k)] = bin;
+      out.length_at[static_cast<size_t>(k)] = len;
+    }
+  }
+  return out;
+}
+
+}  // namespace packkit

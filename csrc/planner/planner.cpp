@@ -1,0 +1,141 @@
+#include "planner.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "dp_layout.hpp"
+#include "overlong.hpp"
+#include "packers.hpp"
+
+namespace packkit {
+
+namespace {
+
+std::vector<double> item_costs(const Items& items, const PlanOptions& opts, const ItemCostFn& fn) {
+  std::vector<double> costs;
+  if (fn) {
+    costs = fn(std::vector<int64_t>(items.length, items.length + items.count));
+    if (costs.size() != static_cast<size_t>(items.count))
+      throw InvalidInput("cost function returned " + std::to_string(costs.size()) + " costs for " +
+                         std::to_string(items.count) + " items; it must return one per item");
+    for (double c : costs)
+      if (!std::isfinite(c) || c < 0) throw InvalidInput("cost function returned a negative or non-finite cost");
+  } else {
+    costs.resize(static_cast<size_t>(items.count));
+    for (size_t i = 0; i < costs.size(); ++i) costs[i] = opts.cost(items.length[i]);
+  }
+  return costs;
+}
+
+BinAssignment pack_bins(const Items& items, const PlanOptions& opts) {
+  switch (opts.algorithm) {
+    case Algorithm::NextFit: return next_fit(items.length, items.count, opts.capacity);
+    case Algorithm::FirstFitDecreasing: return first_fit_decreasing(items.length, items.count, opts.capacity);
+    case Algorithm::BestFitDecreasing: return best_fit_decreasing(items.length, items.count, opts.capacity);
+    case Algorithm::OptimizedBestFit:
+    case Algorithm::GroupedBestFit: return optimized_best_fit(items.length, items.count, opts.capacity);
+  }
+  throw InvalidInput("unknown algorithm");
+}
+
+// Sorts segments [lo, hi) by (seq, start), i.e. by item: input order inside a row. Rows hold few
+// segments, so insertion sort on the parallel arrays.
+void sort_row(PlanResult& plan, int64_t lo, int64_t hi) {
+  auto& seq = plan.seg_seq;
+  auto& start = plan.seg_start;
+  auto& len = plan.seg_length;
+  for (int64_t a = lo + 1; a < hi; ++a) {
+    const int64_t q = seq[a], s = start[a], l = len[a];
+    int64_t b = a;
+    for (; b > lo && (seq[b - 1] > q || (seq[b - 1] == q && start[b - 1] > s)); --b) {
+      seq[b] = seq[b - 1];
+      start[b] = start[b - 1];
+      len[b] = len[b - 1];
+    }
+    seq[b] = q, start[b] = s, len[b] = l;
+  }
+}
+
+// One row per bin (dp_size == 1): a counting sort of placements by bin, then rows in input order.
+// Bin costs come from the placement-ordered lengths, so nothing is read at random.
+void emit_bins(PlanResult& plan, const Items& items, const BinAssignment& bins, const PlanOptions& opts,
+               const std::vector<double>* custom_costs) {
+  const size_t n = bins.order.size();
+  plan.bin_offsets.assign(static_cast<size_t>(bins.num_bins) + 1, 0);
+  plan.rank_costs.assign(static_cast<size_t>(bins.num_bins), 0.0);
+  for (size_t k = 0; k < n; ++k) {
+    const size_t b = static_cast<size_t>(bins.bin_at[k]);
+    ++plan.bin_offsets[b + 1];
+    plan.rank_costs[b] += custom_costs ? (*custom_costs)[static_cast<size_t>(bins.order[k])] : opts.cost(bins.length_at[k]);
+  }
+  for (size_t b = 1; b < plan.bin_offsets.size(); ++b) plan.bin_offsets[b] += plan.bin_offsets[b - 1];
+
+  plan.seg_seq.resize(n);
+  plan.seg_start.resize(n);
+  plan.seg_length.resize(n);
+  std::vector<int64_t> cursor(plan.bin_offsets.begin(), plan.bin_offsets.end() - 1);
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t item = bins.order[k];
+    const size_t at = static_cast<size_t>(cursor[static_cast<size_t>(bins.bin_at[k])]++);
+    plan.seg_seq[at] = items.seq(item);
+    plan.seg_length[at] = bins.length_at[k];
+    if (!items.identity) plan.seg_start[at] = items.start(item);
+  }
+  if (items.identity) std::fill(plan.seg_start.begin(), plan.seg_start.end(), 0);  // sequential, not scattered
+  for (size_t b = 0; b + 1 < plan.bin_offsets.size(); ++b)
+    sort_row(plan, plan.bin_offsets[b], plan.bin_offsets[b + 1]);
+}
+
+// Rows from explicit slots (dp layouts), input order inside each row.
+void emit_slots(PlanResult& plan, const Items& items, Slots& slots, const std::vector<double>& costs) {
+  plan.bin_offsets.reserve(slots.size() + 1);
+  plan.bin_offsets.push_back(0);
+  plan.rank_costs.assign(slots.size(), 0.0);
+  for (size_t b = 0; b < slots.size(); ++b) {
+    auto& slot = slots[b];
+    std::sort(slot.begin(), slot.end());
+    for (int64_t item : slot) {
+      plan.seg_seq.push_back(items.seq(item));
+      plan.seg_start.push_back(items.start(item));
+      plan.seg_length.push_back(items.length[item]);
+      plan.rank_costs[b] += costs[static_cast<size_t>(item)];
+    }
+    plan.bin_offsets.push_back(static_cast<int64_t>(plan.seg_seq.size()));
+  }
+}
+
+}  // namespace
+
+PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts, const ItemCostFn& item_cost_fn) {
+  if (opts.dp_size < 1) throw InvalidInput("dp_size must be >= 1, got " + std::to_string(opts.dp_size));
+  if (!(std::isfinite(opts.cost.a) && std::isfinite(opts.cost.b) && opts.cost.a >= 0 && opts.cost.b >= 0 &&
+        opts.cost.a + opts.cost.b > 0))
+    throw InvalidInput("cost coefficients (a, b) must be finite, >= 0 and not both 0");
+
+  PlanResult plan;
+  plan.dp_size = opts.dp_size;
+  const Items items = make_items(lengths, n, opts.capacity, opts.overlong, plan.report);
+  for (int64_t i = 0; i < items.count; ++i) plan.kept_tokens += items.length[i];
+
+  const BinAssignment bins = pack_bins(items, opts);
+  if (opts.dp_size == 1) {  // ogbfd with one rank is obfd
+    const std::vector<double> custom = item_cost_fn ? item_costs(items, opts, item_cost_fn) : std::vector<double>{};
+    emit_bins(plan, items, bins, opts, item_cost_fn ? &custom : nullptr);
+  } else {
+    const std::vector<double> costs = item_costs(items, opts, item_cost_fn);
+    Slots slots = opts.algorithm == Algorithm::GroupedBestFit
+                      ? balance_steps(bins, items.length, costs, opts.capacity, opts.dp_size)
+                      : deal_in_order(bins, opts.dp_size);
+    emit_slots(plan, items, slots, costs);
+  }
+
+  // rank_costs is per row, step-major: [num_steps, dp_size].
+  const int64_t num_bins = plan.num_bins();
+  plan.num_steps = num_bins / opts.dp_size;
+  for (int64_t b = 0; b < num_bins; ++b)
+    if (plan.bin_offsets[static_cast<size_t>(b)] == plan.bin_offsets[static_cast<size_t>(b) + 1]) ++plan.empty_bins;
+  return plan;
+}
+
+}  // namespace packkit

@@ -1,0 +1,72 @@
+// pybind11 bindings of the pure C++ planner: numpy in (zero-copy for contiguous int64), numpy out
+// (the result vectors are moved into the arrays, not copied). The GIL is released while planning.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "../planner/planner.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename Vector>
+py::array_t<typename Vector::value_type> to_numpy(Vector&& values) {
+  using T = typename Vector::value_type;
+  auto* owned = new Vector(std::move(values));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<Vector*>(p); });
+  return py::array_t<T>({static_cast<py::ssize_t>(owned->size())}, {sizeof(T)}, owned->data(), free_when_done);
+}
+
+py::dict plan(py::array_t<int64_t, py::array::c_style> lengths, int64_t capacity, const std::string& algorithm,
+              const std::string& overlong, int64_t dp_size, double cost_a, double cost_b, py::object cost_fn) {
+  if (lengths.ndim() != 1) throw packkit::InvalidInput("lengths must be 1-D");
+  packkit::PlanOptions opts;
+  opts.capacity = capacity;
+  opts.algorithm = packkit::parse_algorithm(algorithm);
+  opts.overlong = packkit::parse_overlong(overlong);
+  opts.dp_size = dp_size;
+  opts.cost = {cost_a, cost_b};
+
+  packkit::ItemCostFn item_cost_fn;
+  if (!cost_fn.is_none()) {
+    item_cost_fn = [&cost_fn](const std::vector<int64_t>& item_lengths) {
+      py::gil_scoped_acquire gil;
+      py::array_t<int64_t> arg(static_cast<py::ssize_t>(item_lengths.size()), item_lengths.data());
+      auto out = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(cost_fn(arg));
+      if (!out || out.ndim() != 1)
+        throw packkit::InvalidInput("cost function must return a 1-D array of floats, one per item");
+      return std::vector<double>(out.data(), out.data() + out.size());
+    };
+  }
+
+  packkit::PlanResult result;
+  {
+    py::gil_scoped_release no_gil;
+    result = packkit::make_plan(lengths.data(), lengths.shape(0), opts, item_cost_fn);
+  }
+  py::dict out;
+  out["seg_seq"] = to_numpy(std::move(result.seg_seq));
+  out["seg_start"] = to_numpy(std::move(result.seg_start));
+  out["seg_length"] = to_numpy(std::move(result.seg_length));
+  out["bin_offsets"] = to_numpy(std::move(result.bin_offsets));
+  out["dropped"] = to_numpy(std::move(result.report.dropped));
+  out["truncated"] = to_numpy(std::move(result.report.truncated));
+  out["split"] = to_numpy(std::move(result.report.split));
+  out["zero_length"] = to_numpy(std::move(result.report.zero_length));
+  out["rank_costs"] = to_numpy(std::move(result.rank_costs));
+  out["num_steps"] = result.num_steps;
+  out["empty_bins"] = result.empty_bins;
+  out["kept_tokens"] = result.kept_tokens;
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_planner, m) {
+  m.doc() = "packkit's C++ bin-packing planner (use packkit.plan; this is the raw binding)";
+  py::register_exception<packkit::InvalidInput>(m, "InvalidInput", PyExc_ValueError);
+  m.def("plan", &plan, py::arg("lengths"), py::arg("capacity"), py::arg("algorithm"), py::arg("overlong"),
+        py::arg("dp_size"), py::arg("cost_a"), py::arg("cost_b"), py::arg("cost_fn") = py::none());
+}

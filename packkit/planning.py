@@ -1,0 +1,255 @@
+"""``packkit.plan``: the bin-packing plan (which sequences share a row), computed by the C++ core.
+
+A plan is a list of bins (rows). Each bin holds *segments* — pieces ``(sequence index, start,
+length)`` of source sequences — so the ``split`` policy needs no special case downstream. The CSR
+arrays in :attr:`Plan.segments` are what the pack ops consume.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+from functools import cached_property
+from typing import Callable, NamedTuple, Sequence, Union
+
+import numpy as np
+
+from . import _planner
+
+ALGORITHMS = ("nf", "ffd", "bfd", "obfd", "ogbfd")
+OVERLONG_POLICIES = ("error", "drop", "truncate", "split")
+COST_MODELS = ("tokens", "attention")
+
+CostSpec = Union[str, tuple, Callable[[np.ndarray], "np.typing.ArrayLike"]]
+
+
+class Segments(NamedTuple):
+    """The plan in CSR form; bin ``b`` holds segments ``bin_offsets[b]:bin_offsets[b+1]``."""
+
+    seq_index: np.ndarray  # int64 [num_segments]: source sequence of each segment
+    start: np.ndarray  # int64 [num_segments]: first token of the segment in its sequence
+    length: np.ndarray  # int64 [num_segments]: tokens in the segment (always >= 1)
+    bin_offsets: np.ndarray  # int64 [num_bins + 1]
+
+
+class Plan:
+    """Result of :func:`plan`. All arrays are read-only int64 numpy arrays unless noted.
+
+    Attributes:
+        bins: list of 1-D int64 arrays, the input indices in each row, in row order (views).
+        segments: :class:`Segments` (CSR) — what pack ops consume.
+        num_bins: rows, including empty ones (only ``dp_size > 1`` layouts have empty rows).
+        lower_bound: ``ceil(kept_tokens / capacity)``, the fewest rows any packer could use.
+        efficiency: ``kept_tokens / (num_bins * capacity)`` (1.0 for an empty plan).
+        dropped, truncated, split: source indices the over-long policy dropped/truncated/split.
+        zero_length: source indices of zero-length sequences; they occupy no tokens and are in no bin.
+        num_steps, rank_costs: with ``dp_size`` ranks, bin ``s * dp_size + r`` is rank ``r``'s row at
+            step ``s``; ``rank_costs`` is float64 ``[num_steps, dp_size]`` under the cost model.
+        balance: ``sum over steps of max rank cost / sum over steps of mean rank cost`` (>= 1; the
+            time a synchronous step waits for its slowest rank, relative to perfect balance).
+    """
+
+    def __init__(self, raw: dict, *, capacity: int, algorithm: str, overlong: str, dp_size: int, num_sequences: int):
+        self.capacity = capacity
+        self.algorithm = algorithm
+        self.overlong = overlong
+        self.dp_size = dp_size
+        self.num_sequences = num_sequences
+        for key in ("seg_seq", "seg_start", "seg_length", "bin_offsets", "dropped", "truncated", "split",
+                    "zero_length", "rank_costs"):
+            raw[key].flags.writeable = False
+        self.segments = Segments(raw["seg_seq"], raw["seg_start"], raw["seg_length"], raw["bin_offsets"])
+        self.dropped = raw["dropped"]
+        self.truncated = raw["truncated"]
+        self.split = raw["split"]
+        self.zero_length = raw["zero_length"]
+        self.kept_tokens = int(raw["kept_tokens"])
+        self.num_steps = int(raw["num_steps"])
+        self.empty_bins = int(raw["empty_bins"])
+        self.rank_costs = raw["rank_costs"].reshape(self.num_steps, dp_size)
+
+    @property
+    def num_bins(self) -> int:
+        return len(self.segments.bin_offsets) - 1
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segments.length)
+
+    @property
+    def lower_bound(self) -> int:
+        return -(-self.kept_tokens // self.capacity)
+
+    @property
+    def efficiency(self) -> float:
+        return self.kept_tokens / (self.num_bins * self.capacity) if self.num_bins else 1.0
+
+    @cached_property
+    def bins(self) -> list[np.ndarray]:
+        offsets = self.segments.bin_offsets.tolist()
+        seq = self.segments.seq_index
+        return [seq[offsets[b]:offsets[b + 1]] for b in range(len(offsets) - 1)]
+
+    @cached_property
+    def bin_tokens(self) -> np.ndarray:
+        """Tokens in each bin, int64 [num_bins]."""
+        cumulative = np.concatenate(([0], np.cumsum(self.segments.length)))
+        return cumulative[self.segments.bin_offsets[1:]] - cumulative[self.segments.bin_offsets[:-1]]
+
+    @property
+    def max_segment_length(self) -> int:
+        """Longest segment: the ``max_seqlen`` flash-attn varlen needs, known on the host."""
+        return int(self.segments.length.max()) if self.num_segments else 0
+
+    @property
+    def balance(self) -> float:
+        if self.num_steps == 0:
+            return 1.0
+        mean_total = float(self.rank_costs.mean(axis=1).sum())
+        return float(self.rank_costs.max(axis=1).sum()) / mean_total if mean_total > 0 else 1.0
+
+    def rank_bins(self, rank: int) -> list[np.ndarray]:
+        """Rank ``rank``'s rows, one per step, in step order."""
+        if not 0 <= rank < self.dp_size:
+            raise ValueError(f"rank must be in [0, {self.dp_size}), got {rank}")
+        return self.bins[rank::self.dp_size]
+
+    def to_tensors(self, device=None) -> dict:
+        """The CSR arrays as int64 torch tensors (``seg_seq, seg_start, seg_length, bin_offsets``)."""
+        import torch
+
+        names = ("seg_seq", "seg_start", "seg_length", "bin_offsets")
+        return {n: torch.from_numpy(a.copy()).to(device) for n, a in zip(names, self.segments)}
+
+    def summary(self) -> dict:
+        """Plain-Python figures for reports and JSON."""
+        out = {
+            "algorithm": self.algorithm, "capacity": self.capacity, "dp_size": self.dp_size,
+            "sequences": self.num_sequences, "bins": self.num_bins, "lower_bound": self.lower_bound,
+            "efficiency": self.efficiency, "kept_tokens": self.kept_tokens, "segments": self.num_segments,
+            "dropped": len(self.dropped), "truncated": len(self.truncated), "split": len(self.split),
+            "zero_length": len(self.zero_length), "empty_bins": self.empty_bins,
+        }
+        if self.dp_size > 1:
+            out.update(steps=self.num_steps, balance=self.balance)
+        return out
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        extra = f", steps={s['steps']}, balance={s['balance']:.4f}" if self.dp_size > 1 else ""
+        return (f"Plan({self.algorithm}, capacity={self.capacity}, bins={s['bins']} (lower bound "
+                f"{s['lower_bound']}), efficiency={s['efficiency']:.4%}, dropped={s['dropped']}, "
+                f"truncated={s['truncated']}, split={s['split']}, zero_length={s['zero_length']}{extra})")
+
+
+def _as_count(value, name: str) -> int:
+    """A positive Python int from an int-like; bools and floats are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool:
+            value = int(value.item())
+        else:
+            raise TypeError(f"{name} must be a positive integer, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+    if value >= 2**63:
+        raise ValueError(f"{name} must be < 2**63, got {value}")
+    return value
+
+
+def as_lengths(lengths) -> np.ndarray:
+    """Validates ``lengths`` and returns a contiguous int64 numpy array (no copy when it already is one)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(lengths, torch.Tensor):
+        if lengths.dtype == torch.bool or lengths.is_floating_point() or lengths.is_complex():
+            raise TypeError(f"lengths must be an integer tensor, got dtype {lengths.dtype}")
+        if lengths.dim() != 1:
+            raise ValueError(f"lengths must be 1-D, got a tensor of shape {tuple(lengths.shape)}")
+        return lengths.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy()
+    if isinstance(lengths, np.ndarray):
+        array = lengths
+    elif isinstance(lengths, (list, tuple, range)):
+        if len(lengths) == 0:
+            return np.zeros(0, dtype=np.int64)
+        try:
+            array = np.asarray(lengths)
+        except (ValueError, OverflowError) as e:  # ragged nesting, ints beyond int64
+            raise ValueError(f"lengths must be a flat sequence of integers: {e}") from None
+    else:
+        raise TypeError("lengths must be a list, tuple, numpy array or 1-D integer tensor, "
+                        f"got {type(lengths).__name__}")
+    if array.ndim != 1:
+        raise ValueError(f"lengths must be 1-D, got shape {array.shape}")
+    if array.dtype.kind not in "iu":
+        if array.dtype.kind == "O":
+            bad = next((i for i, x in enumerate(array)
+                        if isinstance(x, bool) or not isinstance(x, numbers.Integral)), None)
+            if bad is None:  # Python ints too large for int64
+                raise ValueError("lengths must fit in int64")
+            raise TypeError(f"lengths must be integers; index {bad} is {type(array[bad]).__name__} {array[bad]!r}")
+        raise TypeError(f"lengths must be integers, got dtype {array.dtype}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        raise ValueError("lengths must fit in int64")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def _cost_model(cost: CostSpec):
+    """(a, b, per-item cost function or None) for cost = a * len + b * len**2."""
+    if isinstance(cost, str):
+        if cost == "tokens":
+            return 1.0, 0.0, None
+        if cost == "attention":
+            return 0.0, 1.0, None
+        raise ValueError(f"unknown cost {cost!r}; allowed: 'tokens', 'attention', (a, b) or a callable")
+    if callable(cost):
+        def item_costs(item_lengths: np.ndarray) -> np.ndarray:
+            values = np.asarray(cost(item_lengths), dtype=np.float64)
+            if values.shape != item_lengths.shape:
+                raise ValueError(f"cost callable must return one cost per item (shape {item_lengths.shape}), "
+                                 f"got shape {values.shape}")
+            if not np.all(np.isfinite(values)) or (values < 0).any():
+                raise ValueError("cost callable returned a negative or non-finite cost")
+            return values
+        return 1.0, 0.0, item_costs
+    if isinstance(cost, (tuple, list)) and len(cost) == 2 and all(
+            isinstance(c, numbers.Real) and not isinstance(c, bool) for c in cost):
+        a, b = float(cost[0]), float(cost[1])
+        if not (math.isfinite(a) and math.isfinite(b) and a >= 0 and b >= 0 and a + b > 0):
+            raise ValueError(f"cost coefficients (a, b) must be finite, >= 0 and not both 0, got {cost!r}")
+        return a, b, None
+    raise TypeError("cost must be 'tokens', 'attention', a pair (a, b) for a*len + b*len**2, "
+                    f"or a callable mapping an int64 array of lengths to costs; got {cost!r}")
+
+
+def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_size: int = 1,
+         cost: CostSpec = "tokens", overlong: str = "error") -> Plan:
+    """Bin-pack sequence ``lengths`` into rows of ``capacity`` tokens.
+
+    Args:
+        lengths: list, tuple, numpy array or 1-D integer tensor of non-negative lengths.
+        capacity: tokens per row (> 0).
+        algorithm: ``nf`` (next fit, input order), ``ffd``, ``bfd``, ``obfd`` (counting sort +
+            bitmap best fit; default) or ``ogbfd`` (obfd bins grouped into data-parallel steps and
+            balanced under ``cost``).
+        dp_size: data-parallel ranks. Bins are laid out step-major (bin ``s*dp_size + r`` goes to
+            rank ``r`` at step ``s``), every step has ``dp_size`` bins, the last padded with empty
+            bins. Only ``ogbfd`` balances; other algorithms deal their bins in order.
+        cost: ``"tokens"`` (sum of lengths), ``"attention"`` (sum of len**2, document-masked
+            attention), a pair ``(a, b)`` for ``a*len + b*len**2``, or a callable mapping an int64
+            array of item lengths to non-negative costs.
+        overlong: what to do with sequences longer than ``capacity``: ``"error"`` (ValueError
+            naming how many and the first), ``"drop"``, ``"truncate"`` (keep the first ``capacity``
+            tokens) or ``"split"`` (consecutive pieces packed as separate items). All reported.
+    """
+    array = as_lengths(lengths)
+    capacity = _as_count(capacity, "capacity")
+    dp_size = _as_count(dp_size, "dp_size")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
+    if overlong not in OVERLONG_POLICIES:
+        raise ValueError(f"unknown overlong policy {overlong!r}; allowed: {', '.join(OVERLONG_POLICIES)}")
+    a, b, cost_fn = _cost_model(cost)
+    raw = _planner.plan(array, capacity, algorithm, overlong, dp_size, a, b, cost_fn)
+    return Plan(raw, capacity=capacity, algorithm=algorithm, overlong=overlong, dp_size=dp_size,
+                num_sequences=len(array))
