@@ -47,6 +47,7 @@ class Plan:
             step ``s``; ``rank_costs`` is float64 ``[num_steps, dp_size]`` under the cost model.
         balance: ``sum over steps of max rank cost / sum over steps of mean rank cost`` (>= 1; the
             time a synchronous step waits for its slowest rank, relative to perfect balance).
+        rank_balance: ``max / mean`` of each rank's total cost over all steps (>= 1).
     """
 
     def __init__(self, raw: dict, *, capacity: int, algorithm: str, overlong: str, dp_size: int, num_sequences: int):
@@ -108,6 +109,11 @@ class Plan:
         mean_total = float(self.rank_costs.mean(axis=1).sum())
         return float(self.rank_costs.max(axis=1).sum()) / mean_total if mean_total > 0 else 1.0
 
+    @property
+    def rank_balance(self) -> float:
+        totals = self.rank_costs.sum(axis=0)
+        return float(totals.max() / totals.mean()) if self.num_steps and totals.mean() > 0 else 1.0
+
     def rank_bins(self, rank: int) -> list[np.ndarray]:
         """Rank ``rank``'s rows, one per step, in step order."""
         if not 0 <= rank < self.dp_size:
@@ -131,7 +137,7 @@ class Plan:
             "zero_length": len(self.zero_length), "empty_bins": self.empty_bins,
         }
         if self.dp_size > 1:
-            out.update(steps=self.num_steps, balance=self.balance)
+            out.update(steps=self.num_steps, balance=self.balance, rank_balance=self.rank_balance)
         return out
 
     def __repr__(self) -> str:
