@@ -26,6 +26,6 @@ def _plan_fake(lengths, capacity, algorithm="obfd", overlong="error", dp_size=1,
     torch._check(lengths.dim() == 1, lambda: "packkit::plan: lengths must be 1-D")
     ctx = torch.library.get_ctx()
     num_segments = ctx.new_dynamic_size()  # "split" can make more segments than sequences
-    num_bins = ctx.new_dynamic_size()
+    num_offsets = ctx.new_dynamic_size(min=1)  # num_bins + 1 (a plain symbol, so it binds to the output)
     seg_seq = lengths.new_empty((num_segments,), dtype=torch.int64)
-    return seg_seq, torch.empty_like(seg_seq), torch.empty_like(seg_seq), lengths.new_empty((num_bins + 1,), dtype=torch.int64)
+    return seg_seq, torch.empty_like(seg_seq), torch.empty_like(seg_seq), lengths.new_empty((num_offsets,), dtype=torch.int64)
