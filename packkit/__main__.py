@@ -1,0 +1,23 @@
+"""The ``packkit`` command line (also ``python -m packkit``)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="packkit", description="Sequence packing for LLM training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="plan a built-in length profile with every algorithm and print a table")
+    demo.add_argument("--capacity", type=int, default=20_000, help="tokens per row (default 20000)")
+    demo.add_argument("--dp-size", type=int, default=8, help="data-parallel ranks for ogbfd (default 8)")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from .demo import run
+
+        run(capacity=args.capacity, dp_size=args.dp_size)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
