@@ -111,7 +111,7 @@ def systems(inp: dict) -> list[tuple[str, object, int]]:
              for alg in ("nf", "ffd", "bfd")]
     if lightbinpack is not None:
         rows.append((LBP_OBFD, lambda: lightbinpack.obfd(lst, cap), 0))
-    if binpacking is not None:
+    if binpacking is not None and inp["name"] == "c":  # pure Python, O(n * bins): minutes on (a) and (b)
         rows.append(("binpacking ffd (list)", lambda: binpacking.to_constant_volume(lst, cap), 1))
     if inp["name"] == "b":
         rows += [(f"packkit ogbfd dp8 {c}", lambda c=c: packkit.plan(arr, cap, algorithm="ogbfd", dp_size=DP, cost=c), 0)
@@ -209,11 +209,11 @@ def print_table(inp: dict, rows: list[dict]) -> None:
             elif c == "time_ms":
                 cells.append(f"{r['time_ms']:.2f}")
             elif c == "vs_lightbinpack":
-                cells.append("-" if r[c] is None else f"{r[c]:.2f}x")
+                cells.append("-" if r[c] is None else f"{r[c]:.3g}x")
             else:
                 cells.append(fmt(r.get(c)))
         print("| " + " | ".join(cells) + " |")
-    if inp["name"] == "a" and binpacking is not None:
+    if inp["name"] in ("a", "b") and binpacking is not None:
         print("| binpacking ffd (list) | skipped (too slow) | | | | | |")
     for r in rows:
         if r.get("overfull_bins") or r.get("multiset_ok") is False:
