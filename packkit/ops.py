@@ -29,3 +29,40 @@ def _plan_fake(lengths, capacity, algorithm="obfd", overlong="error", dp_size=1,
     num_offsets = ctx.new_dynamic_size(min=1)  # num_bins + 1 (a plain symbol, so it binds to the output)
     seg_seq = lengths.new_empty((num_segments,), dtype=torch.int64)
     return seg_seq, torch.empty_like(seg_seq), torch.empty_like(seg_seq), lengths.new_empty((num_offsets,), dtype=torch.int64)
+
+
+# --- Pack op family: output sizes follow from int arguments and input shapes ---------------------
+def _packed_shape(num_rows, row_len, flat):
+    return (row_len,) if flat else (num_rows, row_len)
+
+
+@torch.library.register_fake("packkit::layout")
+def _layout_fake(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens):
+    torch._check(num_cu_seqlens >= 1, lambda: "packkit::layout: num_cu_seqlens must be >= 1")
+    cu = seg_length.new_empty((num_cu_seqlens,), dtype=torch.int32)
+    return cu, seg_length.new_empty((num_cu_seqlens - 1,), dtype=torch.int32)
+
+
+@torch.library.register_fake("packkit::pack")
+def _pack_fake(src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, num_rows, row_len, flat, pad_value=0.0,
+               first_value=None):
+    return src.new_empty((*_packed_shape(num_rows, row_len, flat), *src.shape[1:]))
+
+
+@torch.library.register_fake("packkit::pack_batch")
+def _pack_batch_fake(input_ids, labels, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, num_rows, row_len,
+                     flat, num_cu_seqlens, pad_id=0, ignore_index=-100, mask_first_label=True, position_start=0):
+    shape = _packed_shape(num_rows, row_len, flat)
+    label_src = input_ids if labels is None else labels
+    return (input_ids.new_empty(shape), label_src.new_empty(shape), input_ids.new_empty(shape, dtype=torch.int64),
+            input_ids.new_empty(shape, dtype=torch.int32), input_ids.new_empty((num_cu_seqlens,), dtype=torch.int32))
+
+
+@torch.library.register_fake("packkit::unpack")
+def _unpack_fake(packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, num_src_tokens, pad_value=0.0):
+    return packed.new_empty((num_src_tokens, *packed.shape[1 if flat else 2:]))
+
+
+@torch.library.register_fake("packkit::unpack_padded")
+def _unpack_padded_fake(packed, seg_seq, seg_start, cu_seqlens, cu_seg, flat, num_sequences, max_len, pad_value=0.0):
+    return packed.new_empty((num_sequences, max_len, *packed.shape[1 if flat else 2:]))

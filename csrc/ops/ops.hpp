@@ -1,5 +1,6 @@
 // Declarations of every op implementation; schemas live in csrc/torch_bindings.cpp.
 #pragma once
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -10,5 +11,25 @@ namespace packkit::ops {
 std::tuple<torch::stable::Tensor, torch::stable::Tensor, torch::stable::Tensor, torch::stable::Tensor> plan_cpu(
     const torch::stable::Tensor& lengths, int64_t capacity, std::string algorithm, std::string overlong,
     int64_t dp_size, double cost_a, double cost_b);
+
+// Pack op family (pack_op.cpp on CPU, pack_op.cu on CUDA; semantics in tests/pack_reference.py).
+using Tensor = torch::stable::Tensor;
+
+std::tuple<Tensor, Tensor> layout_cpu(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows,
+                                      int64_t row_len, bool flat, int64_t num_cu_seqlens);
+Tensor pack_cpu(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                const Tensor& cu_seqlens, const Tensor& cu_seg, int64_t num_rows, int64_t row_len, bool flat,
+                double pad_value, std::optional<double> first_value);
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cpu(
+    const Tensor& input_ids, const std::optional<Tensor>& labels, const Tensor& src_offsets, const Tensor& seg_seq,
+    const Tensor& seg_start, const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len,
+    bool flat, int64_t num_cu_seqlens, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
+    int64_t position_start);
+Tensor unpack_cpu(const Tensor& packed, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                  const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_src_tokens,
+                  double pad_value);
+Tensor unpack_padded_cpu(const Tensor& packed, const Tensor& seg_seq, const Tensor& seg_start,
+                         const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_sequences,
+                         int64_t max_len, double pad_value);
 
 }  // namespace packkit::ops

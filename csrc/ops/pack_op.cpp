@@ -1,0 +1,287 @@
+// CPU implementations of the pack op family: layout, pack, pack_batch, unpack, unpack_padded.
+// Semantics (and the plain-PyTorch reference every backend must equal bit for bit) are in
+// tests/pack_reference.py. On the CPU the data is already on the host, so every op also validates
+// the plan against the data and raises instead of reading or writing out of bounds.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ops.hpp"
+#include "pack_checks.hpp"
+
+namespace packkit::ops {
+
+namespace {
+
+constexpr int64_t kGrain = 256;  // output segments per parallel task
+
+// Fills `count` elements of `elem_size` bytes with one pattern.
+void fill_elements(uint8_t* dst, int64_t count, const uint8_t* pattern, size_t elem_size) {
+  switch (elem_size) {
+    case 1: std::memset(dst, pattern[0], count); return;
+    case 2: { uint16_t v; std::memcpy(&v, pattern, 2); std::fill_n(reinterpret_cast<uint16_t*>(dst), count, v); return; }
+    case 4: { uint32_t v; std::memcpy(&v, pattern, 4); std::fill_n(reinterpret_cast<uint32_t*>(dst), count, v); return; }
+    case 8: { uint64_t v; std::memcpy(&v, pattern, 8); std::fill_n(reinterpret_cast<uint64_t*>(dst), count, v); return; }
+    default:
+      for (int64_t i = 0; i < count; ++i) std::memcpy(dst + i * elem_size, pattern, elem_size);
+  }
+}
+
+// Data checks of a layout against the source: every real segment reads inside its sequence.
+void validate_segments(const int64_t* src_offsets, int64_t num_sources, int64_t source_tokens,
+                       const int64_t* seg_seq, const int64_t* seg_start, int64_t num_segments, const int32_t* cu,
+                       const int32_t* cu_seg, int64_t num_cu_segments, int64_t total, const char* op) {
+  STD_TORCH_CHECK(num_sources == 0 || src_offsets[0] >= 0, "packkit::", op, ": src_offsets[0] must be >= 0");
+  for (int64_t i = 0; i < num_sources; ++i) {
+    STD_TORCH_CHECK(src_offsets[i] <= src_offsets[i + 1], "packkit::", op,
+                    ": src_offsets must be non-decreasing, but src_offsets[", i, "] = ", src_offsets[i],
+                    " > src_offsets[", i + 1, "] = ", src_offsets[i + 1]);
+  }
+  STD_TORCH_CHECK(num_sources == 0 || src_offsets[num_sources] <= source_tokens, "packkit::", op,
+                  ": src_offsets[-1] = ", num_sources ? src_offsets[num_sources] : 0,
+                  " exceeds the source's ", source_tokens, " tokens");
+  STD_TORCH_CHECK(cu[0] == 0 && cu[num_cu_segments] == total, "packkit::", op,
+                  ": cu_seqlens must start at 0 and end at the packed token count ", total);
+  for (int64_t k = 0; k < num_cu_segments; ++k) {
+    const int64_t len = int64_t{cu[k + 1]} - cu[k];
+    STD_TORCH_CHECK(len >= 1, "packkit::", op, ": cu_seqlens must be strictly increasing (at ", k, ")");
+    const int64_t j = cu_seg[k];
+    if (j < 0) continue;
+    STD_TORCH_CHECK(j < num_segments, "packkit::", op, ": cu_seg[", k, "] = ", j, " is not a segment index");
+    const int64_t seq = seg_seq[j];
+    STD_TORCH_CHECK(seq >= 0 && seq < num_sources, "packkit::", op, ": segment ", j, " names sequence ", seq,
+                    " but there are ", num_sources);
+    const int64_t seq_len = src_offsets[seq + 1] - src_offsets[seq];
+    STD_TORCH_CHECK(seg_start[j] >= 0 && seg_start[j] + len <= seq_len, "packkit::", op, ": segment ", j,
+                    " covers tokens [", seg_start[j], ", ", seg_start[j] + len, ") of sequence ", seq,
+                    ", which has ", seq_len);
+  }
+}
+
+void layout_into(const int64_t* seg_length, int64_t num_segments, const int64_t* bin_offsets, int64_t num_bins,
+                 int64_t num_rows, int64_t row_len, bool flat, int32_t* cu, int32_t* cu_seg, int64_t num_cu) {
+  STD_TORCH_CHECK(bin_offsets[0] == 0 && bin_offsets[num_bins] == num_segments,
+                  "packkit::layout: bin_offsets must run from 0 to the number of segments (", num_segments, ")");
+  int64_t k = 0;
+  auto emit = [&](int64_t start, int32_t owner) {
+    if (k < num_cu - 1) {
+      cu[k] = static_cast<int32_t>(start);
+      cu_seg[k] = owner;
+    }
+    ++k;
+  };
+  const int64_t rows = flat ? 1 : num_rows;
+  int64_t pos = 0;
+  for (int64_t b = 0; b < rows; ++b) {
+    const int64_t row_end = (b + 1) * row_len;
+    const int64_t first_bin = flat ? 0 : b, last_bin = flat ? num_bins : std::min(b + 1, num_bins);
+    for (int64_t bin = first_bin; bin < last_bin; ++bin) {
+      STD_TORCH_CHECK(bin_offsets[bin] <= bin_offsets[bin + 1], "packkit::layout: bin_offsets must be non-decreasing");
+      for (int64_t j = bin_offsets[bin]; j < bin_offsets[bin + 1]; ++j) {
+        STD_TORCH_CHECK(seg_length[j] >= 1, "packkit::layout: segment ", j, " has length ", seg_length[j],
+                        "; segment lengths must be >= 1");
+        emit(pos, static_cast<int32_t>(j));
+        pos += seg_length[j];
+        STD_TORCH_CHECK(pos <= row_end, "packkit::layout: ", flat ? "the plan's tokens do not fit" : "bin ",
+                        flat ? "" : std::to_string(bin), flat ? " in row_len = " : " does not fit in row_len = ",
+                        row_len);
+      }
+    }
+    if (pos < row_end) emit(pos, -1);
+    pos = row_end;
+  }
+  STD_TORCH_CHECK(k == num_cu - 1, "packkit::layout: this plan and layout have ", k,
+                  " output segments, so num_cu_seqlens must be ", k + 1, ", got ", num_cu);
+  cu[k] = static_cast<int32_t>(pos);
+}
+
+Tensor contiguous_cpu(const Tensor& t, const char* op, const char* name) {
+  STD_TORCH_CHECK(t.is_cpu(), "packkit::", op, ": ", name, " must be a CPU tensor here");
+  return torch::stable::contiguous(t);
+}
+
+// Shared body of pack: one output segment at a time, copying whole token records.
+void pack_records(const uint8_t* src, const int64_t* src_offsets, const int64_t* seg_seq, const int64_t* seg_start,
+                  const int32_t* cu, const int32_t* cu_seg, int64_t num_cu_segments, size_t elem_size,
+                  int64_t features, const uint8_t* pad, const uint8_t* first, uint8_t* out) {
+  const size_t record = elem_size * features;
+  torch::stable::parallel_for(0, num_cu_segments, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t a = cu[k], len = int64_t{cu[k + 1]} - a;
+      const int64_t j = cu_seg[k];
+      uint8_t* dst = out + a * record;
+      if (j < 0) {
+        fill_elements(dst, len * features, pad, elem_size);
+        continue;
+      }
+      std::memcpy(dst, src + (src_offsets[seg_seq[j]] + seg_start[j]) * record, len * record);
+      if (first) fill_elements(dst, features, first, elem_size);
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> layout_cpu(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows,
+                                      int64_t row_len, bool flat, int64_t num_cu_seqlens) {
+  check_layout_args(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
+  const Tensor lengths = contiguous_cpu(seg_length, "layout", "seg_length");
+  const Tensor offsets = contiguous_cpu(bin_offsets, "layout", "bin_offsets");
+  Tensor cu = torch::stable::empty({num_cu_seqlens}, ScalarType::Int);
+  Tensor cu_seg = torch::stable::empty({num_cu_seqlens - 1}, ScalarType::Int);
+  layout_into(lengths.const_data_ptr<int64_t>(), lengths.numel(), offsets.const_data_ptr<int64_t>(),
+              offsets.numel() - 1, num_rows, row_len, flat, cu.mutable_data_ptr<int32_t>(),
+              cu_seg.mutable_data_ptr<int32_t>(), num_cu_seqlens);
+  return {cu, cu_seg};
+}
+
+Tensor pack_cpu(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                const Tensor& cu_seqlens, const Tensor& cu_seg, int64_t num_rows, int64_t row_len, bool flat,
+                double pad_value, std::optional<double> first_value) {
+  STD_TORCH_CHECK(src.dim() >= 1, "packkit::pack: src must be [tokens, *feature], got a 0-d tensor");
+  check_index_tensor(src_offsets, "pack", "src_offsets", ScalarType::Long);
+  check_segment_args(src, seg_seq, seg_start, cu_seqlens, cu_seg, "pack");
+  const int64_t total = checked_total_tokens(num_rows, row_len, flat, "pack");
+  const Tensor s = contiguous_cpu(src, "pack", "src"), offs = contiguous_cpu(src_offsets, "pack", "src_offsets");
+  const Tensor sq = contiguous_cpu(seg_seq, "pack", "seg_seq"), st = contiguous_cpu(seg_start, "pack", "seg_start");
+  const Tensor cu = contiguous_cpu(cu_seqlens, "pack", "cu_seqlens"), cs = contiguous_cpu(cu_seg, "pack", "cu_seg");
+  STD_TORCH_CHECK(offs.numel() >= 1, "packkit::pack: src_offsets needs num_sequences + 1 >= 1 entries");
+  validate_segments(offs.const_data_ptr<int64_t>(), offs.numel() - 1, s.size(0), sq.const_data_ptr<int64_t>(),
+                    st.const_data_ptr<int64_t>(), sq.numel(), cu.const_data_ptr<int32_t>(),
+                    cs.const_data_ptr<int32_t>(), cs.numel(), total, "pack");
+
+  std::vector<int64_t> shape;
+  if (!flat) shape.push_back(num_rows);
+  shape.push_back(row_len);
+  for (int64_t d = 1; d < s.dim(); ++d) shape.push_back(s.size(d));
+  Tensor out = torch::stable::new_empty(s, shape);
+  const auto pad = value_bytes(pad_value, s.scalar_type());
+  const auto first = value_bytes(first_value.value_or(0.0), s.scalar_type());
+  pack_records(static_cast<const uint8_t*>(s.const_data_ptr()), offs.const_data_ptr<int64_t>(),
+               sq.const_data_ptr<int64_t>(), st.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(),
+               cs.const_data_ptr<int32_t>(), cs.numel(), s.element_size(), feature_numel(s, 1), pad.data(),
+               first_value ? first.data() : nullptr, static_cast<uint8_t*>(out.mutable_data_ptr()));
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cpu(
+    const Tensor& input_ids, const std::optional<Tensor>& labels, const Tensor& src_offsets, const Tensor& seg_seq,
+    const Tensor& seg_start, const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len,
+    bool flat, int64_t num_cu_seqlens, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
+    int64_t position_start) {
+  STD_TORCH_CHECK(input_ids.dim() == 1, "packkit::pack_batch: input_ids must be 1-D (all sequences concatenated)");
+  const Tensor& label_src = labels.has_value() ? *labels : input_ids;
+  STD_TORCH_CHECK(label_src.dim() == 1 && label_src.size(0) == input_ids.size(0),
+                  "packkit::pack_batch: labels must be 1-D and as long as input_ids");
+  check_same_device(input_ids, label_src, "pack_batch", "input_ids", "labels");
+  for (const Tensor* t : {&input_ids, &label_src}) {
+    STD_TORCH_CHECK(t->scalar_type() == ScalarType::Long || t->scalar_type() == ScalarType::Int,
+                    "packkit::pack_batch: input_ids and labels must be int64 or int32");
+  }
+  auto [cu, cu_seg] = layout_cpu(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
+  Tensor ids = pack_cpu(input_ids, src_offsets, seg_seq, seg_start, cu, cu_seg, num_rows, row_len, flat,
+                        static_cast<double>(pad_id), std::nullopt);
+  Tensor lab = pack_cpu(label_src, src_offsets, seg_seq, seg_start, cu, cu_seg, num_rows, row_len, flat,
+                        static_cast<double>(ignore_index),
+                        mask_first_label ? std::optional<double>(static_cast<double>(ignore_index)) : std::nullopt);
+  std::vector<int64_t> shape = flat ? std::vector<int64_t>{row_len} : std::vector<int64_t>{num_rows, row_len};
+  Tensor positions = torch::stable::empty(shape, ScalarType::Long);
+  Tensor seq_idx = torch::stable::empty(shape, ScalarType::Int);
+  const int32_t* c = cu.const_data_ptr<int32_t>();
+  int64_t* pos = positions.mutable_data_ptr<int64_t>();
+  int32_t* doc = seq_idx.mutable_data_ptr<int32_t>();
+  torch::stable::parallel_for(0, cu_seg.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      for (int64_t p = c[k], i = position_start; p < c[k + 1]; ++p, ++i) pos[p] = i;
+      std::fill(doc + c[k], doc + c[k + 1], static_cast<int32_t>(k));
+    }
+  });
+  return {ids, lab, positions, seq_idx, cu};
+}
+
+Tensor unpack_cpu(const Tensor& packed, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                  const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_src_tokens,
+                  double pad_value) {
+  check_index_tensor(src_offsets, "unpack", "src_offsets", ScalarType::Long);
+  check_segment_args(packed, seg_seq, seg_start, cu_seqlens, cu_seg, "unpack");
+  const int64_t total = packed_tokens(packed, flat, "unpack");
+  STD_TORCH_CHECK(num_src_tokens >= 0, "packkit::unpack: num_src_tokens must be >= 0");
+  const Tensor p = contiguous_cpu(packed, "unpack", "packed"), offs = contiguous_cpu(src_offsets, "unpack", "src_offsets");
+  const Tensor sq = contiguous_cpu(seg_seq, "unpack", "seg_seq"), st = contiguous_cpu(seg_start, "unpack", "seg_start");
+  const Tensor cu = contiguous_cpu(cu_seqlens, "unpack", "cu_seqlens"), cs = contiguous_cpu(cu_seg, "unpack", "cu_seg");
+  STD_TORCH_CHECK(offs.numel() >= 1, "packkit::unpack: src_offsets needs num_sequences + 1 >= 1 entries");
+  validate_segments(offs.const_data_ptr<int64_t>(), offs.numel() - 1, num_src_tokens, sq.const_data_ptr<int64_t>(),
+                    st.const_data_ptr<int64_t>(), sq.numel(), cu.const_data_ptr<int32_t>(),
+                    cs.const_data_ptr<int32_t>(), cs.numel(), total, "unpack");
+  const int64_t token_dims = flat ? 1 : 2, features = feature_numel(p, token_dims);
+  std::vector<int64_t> shape{num_src_tokens};
+  for (int64_t d = token_dims; d < p.dim(); ++d) shape.push_back(p.size(d));
+  Tensor out = torch::stable::new_empty(p, shape);
+  const size_t elem = p.element_size(), record = elem * features;
+  const auto pad = value_bytes(pad_value, p.scalar_type());
+  const uint8_t* in = static_cast<const uint8_t*>(p.const_data_ptr());
+  uint8_t* o = static_cast<uint8_t*>(out.mutable_data_ptr());
+  fill_elements(o, num_src_tokens * features, pad.data(), elem);
+  const int32_t* c = cu.const_data_ptr<int32_t>();
+  const int32_t* owner = cs.const_data_ptr<int32_t>();
+  const int64_t *so = offs.const_data_ptr<int64_t>(), *ss = sq.const_data_ptr<int64_t>(),
+                *sst = st.const_data_ptr<int64_t>();
+  torch::stable::parallel_for(0, cs.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t j = owner[k];
+      if (j < 0) continue;
+      std::memcpy(o + (so[ss[j]] + sst[j]) * record, in + int64_t{c[k]} * record,
+                  (int64_t{c[k + 1]} - c[k]) * record);
+    }
+  });
+  return out;
+}
+
+Tensor unpack_padded_cpu(const Tensor& packed, const Tensor& seg_seq, const Tensor& seg_start,
+                         const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_sequences,
+                         int64_t max_len, double pad_value) {
+  check_segment_args(packed, seg_seq, seg_start, cu_seqlens, cu_seg, "unpack_padded");
+  const int64_t total = packed_tokens(packed, flat, "unpack_padded");
+  STD_TORCH_CHECK(num_sequences >= 0 && max_len >= 0, "packkit::unpack_padded: num_sequences and max_len must be >= 0");
+  const Tensor p = contiguous_cpu(packed, "unpack_padded", "packed");
+  const Tensor sq = contiguous_cpu(seg_seq, "unpack_padded", "seg_seq");
+  const Tensor st = contiguous_cpu(seg_start, "unpack_padded", "seg_start");
+  const Tensor cu = contiguous_cpu(cu_seqlens, "unpack_padded", "cu_seqlens");
+  const Tensor cs = contiguous_cpu(cu_seg, "unpack_padded", "cu_seg");
+  const int32_t* c = cu.const_data_ptr<int32_t>();
+  const int32_t* owner = cs.const_data_ptr<int32_t>();
+  const int64_t *ss = sq.const_data_ptr<int64_t>(), *sst = st.const_data_ptr<int64_t>();
+  STD_TORCH_CHECK(c[0] == 0 && c[cs.numel()] == total, "packkit::unpack_padded: cu_seqlens must start at 0 and end at "
+                  "the packed token count ", total);
+  for (int64_t k = 0; k < cs.numel(); ++k) {
+    STD_TORCH_CHECK(c[k] < c[k + 1], "packkit::unpack_padded: cu_seqlens must be strictly increasing (at ", k, ")");
+    const int64_t j = owner[k];
+    STD_TORCH_CHECK(j < sq.numel(), "packkit::unpack_padded: cu_seg[", k, "] = ", j, " is not a segment index");
+    if (j < 0) continue;
+    STD_TORCH_CHECK(ss[j] >= 0 && ss[j] < num_sequences && sst[j] >= 0, "packkit::unpack_padded: segment ", j,
+                    " names sequence ", ss[j], " (start ", sst[j], ") but num_sequences is ", num_sequences);
+  }
+  const int64_t token_dims = flat ? 1 : 2, features = feature_numel(p, token_dims);
+  std::vector<int64_t> shape{num_sequences, max_len};
+  for (int64_t d = token_dims; d < p.dim(); ++d) shape.push_back(p.size(d));
+  Tensor out = torch::stable::new_empty(p, shape);
+  const size_t elem = p.element_size(), record = elem * features;
+  const auto pad = value_bytes(pad_value, p.scalar_type());
+  const uint8_t* in = static_cast<const uint8_t*>(p.const_data_ptr());
+  uint8_t* o = static_cast<uint8_t*>(out.mutable_data_ptr());
+  fill_elements(o, num_sequences * max_len * features, pad.data(), elem);
+  torch::stable::parallel_for(0, cs.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t j = owner[k];
+      if (j < 0 || sst[j] >= max_len) continue;
+      const int64_t n = std::min<int64_t>(int64_t{c[k + 1]} - c[k], max_len - sst[j]);
+      std::memcpy(o + (ss[j] * max_len + sst[j]) * record, in + int64_t{c[k]} * record, n * record);
+    }
+  });
+  return out;
+}
+
+}  // namespace packkit::ops
