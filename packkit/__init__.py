@@ -1,10 +1,13 @@
 """packkit: sequence packing for LLM training.
 
 ``packkit.plan`` decides which sequences share a row (C++ bin packing); ``torch.ops.packkit.*`` are
-the same planner (and, later, the device pack kernels) as torch ops.
+the planner and the pack kernels as torch ops; ``packkit.pack_sequences`` turns sequences into a packed
+batch with HF key names, and ``packkit.unpack_sequences`` brings per-token outputs back.
 """
 from . import ops  # registers torch.ops.packkit.*
+from .packing import LAYOUTS, PackInfo, PackLayout, pack_layout, pack_sequences, unpack_sequences
 from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, Segments, plan
 
-__all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES"]
+__all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences",
+           "pack_layout", "PackLayout", "PackInfo", "LAYOUTS"]
 __version__ = "0.1.0"

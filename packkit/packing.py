@@ -1,0 +1,320 @@
+"""``packkit.pack_sequences``: sequences + plan -> packed tensors with HF key names, on any device.
+
+The device never reads anything back: every output size (rows, row length, number of ``cu_seqlens``
+entries, ``max_seqlen``) is computed here, on the host, from the plan, and passed to the ops as ints.
+The plan itself is validated against the sequence lengths on the host too, so the device kernels can
+trust it.
+"""
+from __future__ import annotations
+
+import itertools
+import numbers
+import warnings
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import ops
+from .planning import Plan, Segments, plan as make_plan
+
+LAYOUTS = ("flat", "padded")
+BACKENDS = ("auto", "cpu", "cuda", "triton")
+
+
+class PackLayout(NamedTuple):
+    """Host-side shape facts of a packed batch (what the ops need as ints)."""
+
+    num_rows: int  # 1 for the flat layout
+    row_len: int  # tokens per row (flat: total tokens incl. any trailing padding)
+    flat: bool
+    num_cu_seqlens: int  # output segments (plan segments + padding segments) + 1
+    max_seqlen: int  # longest output segment, padding segments included (flash-attn's max_seqlen)
+    num_tokens: int  # real (non-padding) tokens
+
+
+class PackInfo(NamedTuple):
+    """What :func:`unpack_sequences` needs to undo a pack (returned by ``pack_sequences(return_info=True)``)."""
+
+    layout: PackLayout
+    segments: Segments  # host (numpy) plan
+    seg_seq: torch.Tensor  # the plan on the packed tensors' device
+    seg_start: torch.Tensor
+    src_offsets: torch.Tensor  # int64 [n + 1]: where each source sequence starts in the flat source
+    cu_seqlens: torch.Tensor
+    cu_seg: torch.Tensor  # plan segment behind each output segment, -1 for padding
+    lengths: np.ndarray  # source lengths
+
+
+def identity_segments(lengths: np.ndarray) -> Segments:
+    """A one-bin plan that keeps every (non-empty) sequence whole and in input order."""
+    keep = np.flatnonzero(lengths > 0).astype(np.int64)
+    return Segments(keep, np.zeros(len(keep), np.int64), lengths[keep].astype(np.int64),
+                    np.array([0, len(keep)], np.int64))
+
+
+def pack_layout(segments: Segments, *, flat: bool, row_len: Optional[int] = None,
+                num_rows: Optional[int] = None) -> PackLayout:
+    """Shape facts for packing ``segments``: flat (one row) or padded ``[num_rows, row_len]``.
+
+    Defaults: flat ``row_len`` = the plan's tokens (no padding); padded ``num_rows`` = the plan's bins.
+    Raises ValueError if the plan does not fit.
+    """
+    lengths, offsets = segments.length, segments.bin_offsets
+    num_bins = len(offsets) - 1
+    cumulative = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
+    total = int(cumulative[-1])
+    longest = int(lengths.max()) if len(lengths) else 0
+    if flat:
+        row_len = total if row_len is None else _count(row_len, "row_len")
+        if num_rows not in (None, 1):
+            raise ValueError(f"the flat layout is one row; num_rows must be None or 1, got {num_rows}")
+        if total > row_len:
+            raise ValueError(f"the plan holds {total} tokens but the flat layout has row_len={row_len}")
+        pads = int(total < row_len)
+        rows = 1
+        max_seqlen = max(longest, row_len - total)
+    else:
+        if row_len is None:
+            raise ValueError("the padded layout needs row_len (usually the plan's capacity)")
+        row_len = _count(row_len, "row_len")
+        rows = num_bins if num_rows is None else _count(num_rows, "num_rows")
+        if rows < num_bins:
+            raise ValueError(f"the plan has {num_bins} rows but num_rows={rows}")
+        bin_tokens = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+        if num_bins and int(bin_tokens.max()) > row_len:
+            worst = int(np.argmax(bin_tokens))
+            raise ValueError(f"row {worst} of the plan holds {int(bin_tokens[worst])} tokens, more than "
+                             f"row_len={row_len}")
+        tails = np.concatenate((row_len - bin_tokens, np.full(rows - num_bins, row_len, np.int64)))
+        pads = int(np.count_nonzero(tails))
+        max_seqlen = max(longest, int(tails.max()) if len(tails) else 0)
+    if rows * row_len >= 2**31:
+        raise ValueError(f"a packed batch must hold fewer than 2^31 tokens (int32 cu_seqlens); got "
+                         f"{rows} x {row_len}")
+    return PackLayout(rows, row_len, flat, len(lengths) + pads + 1, max_seqlen, total)
+
+
+def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
+    """(flat 1-D tensor, int64 numpy lengths) from a list of sequences or a flat tensor + lengths."""
+    if lengths is not None:
+        flat = torch.as_tensor(sequences)
+        if flat.dim() < 1:
+            raise ValueError(f"{name}: a flat source must be at least 1-D, got a scalar")
+        from .planning import as_lengths
+
+        lengths = as_lengths(lengths)
+        if int(lengths.sum()) != flat.shape[0]:
+            raise ValueError(f"{name}: lengths sum to {int(lengths.sum())} but the flat source has "
+                             f"{flat.shape[0]} tokens")
+        return flat, lengths
+    if isinstance(sequences, torch.Tensor):
+        raise TypeError(f"{name}: a tensor source needs lengths=...; or pass a list of 1-D sequences")
+    if not isinstance(sequences, Sequence) or isinstance(sequences, (str, bytes)):
+        raise TypeError(f"{name}: expected a list of sequences (lists, numpy arrays or 1-D tensors), "
+                        f"got {type(sequences).__name__}")
+    if all(isinstance(s, torch.Tensor) for s in sequences) and sequences:
+        for i, s in enumerate(sequences):
+            if s.dim() < 1:
+                raise ValueError(f"{name}[{i}] is a 0-d tensor; each sequence must be at least 1-D")
+        lengths = np.array([s.shape[0] for s in sequences], np.int64)
+        return torch.cat(list(sequences)), lengths
+    lengths = np.empty(len(sequences), np.int64)
+    for i, s in enumerate(sequences):
+        if isinstance(s, (str, bytes)) or not hasattr(s, "__len__"):
+            raise TypeError(f"{name}[{i}] is a {type(s).__name__}; each sequence must be a list, array or tensor "
+                            f"of token ids")
+        lengths[i] = len(s)
+    total = int(lengths.sum())
+    try:
+        values = np.fromiter(itertools.chain.from_iterable(sequences), np.int64, count=total)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"{name}: every element must be an integer token id ({exc})") from None
+    return torch.from_numpy(values), lengths
+
+
+def check_plan_fits(segments: Segments, lengths: np.ndarray) -> None:
+    """ValueError unless every segment lies inside its source sequence (host-side, vectorised)."""
+    seq, start, length = segments.seq_index, segments.start, segments.length
+    if len(seq) == 0:
+        return
+    if seq.min() < 0 or seq.max() >= len(lengths):
+        raise ValueError(f"the plan names sequence {int(seq.max())} but there are {len(lengths)} sequences")
+    bad = np.flatnonzero((start < 0) | (length < 1) | (start + length > lengths[seq]))
+    if len(bad):
+        j = int(bad[0])
+        raise ValueError(f"plan segment {j} covers tokens [{int(start[j])}, {int(start[j] + length[j])}) of "
+                         f"sequence {int(seq[j])}, which has {int(lengths[seq[j]])}: the plan was made for "
+                         f"other lengths")
+
+
+def _count(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def _backend_for(device: torch.device, backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if device.type == "cpu":
+        if backend not in ("auto", "cpu"):
+            raise ValueError(f"backend {backend!r} needs a CUDA device; the data is on the CPU")
+        return "cpu"
+    if device.type != "cuda":
+        raise ValueError(f"packkit packs on CPU or CUDA devices, got {device}")
+    if backend == "auto":
+        return "cuda" if ops.HAS_CUDA_KERNELS else "triton"
+    if backend == "cuda" and not ops.HAS_CUDA_KERNELS:
+        raise ValueError("backend='cuda' but packkit was built without CUDA kernels (CPU torch or no nvcc at "
+                         "build time); use backend='triton'")
+    if backend == "cpu":
+        raise ValueError("backend='cpu' but the data is on a CUDA device")
+    return backend
+
+
+def _host_tensor(array: np.ndarray) -> torch.Tensor:
+    """A no-copy tensor over a (read-only) plan array; the ops only ever read it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def _op(name: str, backend: str):
+    if backend == "triton":
+        from .triton_kernels import pack as _triton_pack  # noqa: F401  (registers packkit::triton_*)
+
+        return getattr(torch.ops.packkit, "triton_" + name)
+    return getattr(torch.ops.packkit, name)
+
+
+def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan] = None,
+                   capacity: Optional[int] = None, algorithm: str = "obfd", overlong: str = "error",
+                   layout: str = "flat", num_rows: Optional[int] = None, row_len: Optional[int] = None,
+                   pad_token_id: int = 0, ignore_index: int = -100, mask_first_label: bool = True,
+                   position_ids_start: int = 0, device=None, backend: str = "auto", return_info: bool = False):
+    """Pack token sequences into one batch with the keys HF models take.
+
+    Args:
+        sequences: a list of 1-D token sequences (lists, numpy arrays or tensors), or one flat 1-D
+            tensor of all tokens together with ``lengths``.
+        labels: optional labels in the same form (defaults to a copy of the input ids).
+        plan: a :class:`packkit.Plan` of these lengths; otherwise one is made with ``capacity`` and
+            ``algorithm``. With neither (flat layout only) the batch keeps input order in one row,
+            exactly like ``transformers.DataCollatorWithFlattening``.
+        layout: ``"flat"`` gives ``[1, T]`` tensors; ``"padded"`` gives ``[num_rows, row_len]`` with
+            one plan bin per row. ``num_rows``/``row_len`` may exceed what the plan needs, for
+            static shapes (CUDA graphs, torch.compile): extra rows and row tails are padding.
+        mask_first_label: set each segment's first label to ``ignore_index`` (HF's convention for
+            unshifted labels: no document learns to predict the next one's first token).
+        position_ids_start: first position of every segment (2 for RoBERTa-style models).
+        device: where to pack (default: where ``sequences`` are). On CUDA the host copies are
+            non-blocking from pinned memory and the kernels never synchronise.
+        backend: ``"auto"`` (CUDA kernels if built, else Triton), ``"cpu"``, ``"cuda"``, ``"triton"``.
+        return_info: also return a :class:`PackInfo` for :func:`unpack_sequences`.
+
+    Returns ``{input_ids, labels, position_ids, seq_idx, cu_seq_lens_q, cu_seq_lens_k, max_length_q,
+    max_length_k}``. Padding (padded layout, or a flat ``row_len`` beyond the data) is its own
+    segment in ``cu_seq_lens``, its positions count up from ``position_ids_start`` like a document's
+    (so position-based document detection sees one padding document, not many 1-token ones), its
+    labels are ``ignore_index`` and its ids ``pad_token_id``. ``seq_idx`` is each token's segment in
+    ``cu_seq_lens`` order (int32), ``max_length_*`` is a host int from the plan.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
+    flat_ids, seq_lengths = flatten_sequences(sequences, lengths)
+    if flat_ids.dim() != 1:
+        raise ValueError(f"input ids must be 1-D per sequence, got trailing dims {tuple(flat_ids.shape[1:])}")
+    if flat_ids.dtype not in (torch.int64, torch.int32):
+        if flat_ids.dtype.is_floating_point or flat_ids.dtype == torch.bool:
+            raise TypeError(f"input ids must be an integer tensor, got {flat_ids.dtype}")
+        flat_ids = flat_ids.to(torch.int64)
+    flat_labels = None
+    if labels is not None:
+        flat_labels, label_lengths = flatten_sequences(labels, lengths, name="labels")
+        if not np.array_equal(label_lengths, seq_lengths):
+            i = int(np.flatnonzero(label_lengths != seq_lengths)[0]) if len(label_lengths) == len(seq_lengths) else -1
+            raise ValueError("labels must have the same lengths as the sequences"
+                             + (f" (sequence {i}: {seq_lengths[i]} ids, {label_lengths[i]} labels)" if i >= 0 else
+                                f" ({len(label_lengths)} label sequences for {len(seq_lengths)} sequences)"))
+        if flat_labels.dtype not in (torch.int64, torch.int32):
+            flat_labels = flat_labels.to(torch.int64)
+
+    if plan is None and capacity is not None:
+        plan = make_plan(seq_lengths, capacity, algorithm=algorithm, overlong=overlong)
+    if plan is not None:
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a packkit.Plan, got {type(plan).__name__}")
+        if plan.num_sequences != len(seq_lengths):
+            raise ValueError(f"the plan is for {plan.num_sequences} sequences but {len(seq_lengths)} were given")
+        segments = plan.segments
+        check_plan_fits(segments, seq_lengths)
+        if layout == "padded" and row_len is None:
+            row_len = plan.capacity
+    elif layout == "flat":
+        segments = identity_segments(seq_lengths)
+    else:
+        raise ValueError("the padded layout needs a plan or a capacity")
+    shape = pack_layout(segments, flat=layout == "flat", row_len=row_len, num_rows=num_rows)
+
+    device = flat_ids.device if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    which = _backend_for(device, backend)
+    src_offsets = torch.from_numpy(np.concatenate(([0], np.cumsum(seq_lengths)))).to(torch.int64)
+    host = [_host_tensor(a) for a in segments]
+    seg_seq, seg_start, seg_length, bin_offsets = (_to_device(t, device) for t in host)
+    src_offsets = _to_device(src_offsets, device)
+    flat_ids = _to_device(flat_ids.contiguous(), device)
+    if flat_labels is not None:
+        flat_labels = _to_device(flat_labels.contiguous(), device)
+
+    ids, lab, pos, seq_idx, cu = _op("pack_batch", which)(
+        flat_ids, flat_labels, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, shape.num_rows,
+        shape.row_len, shape.flat, shape.num_cu_seqlens, int(pad_token_id), int(ignore_index),
+        bool(mask_first_label), int(position_ids_start))
+    if shape.flat:
+        ids, lab, pos, seq_idx = (t.unsqueeze(0) for t in (ids, lab, pos, seq_idx))
+    batch = {"input_ids": ids, "labels": lab, "position_ids": pos, "seq_idx": seq_idx,
+             "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": shape.max_seqlen,
+             "max_length_k": shape.max_seqlen}
+    if not return_info:
+        return batch
+    cu_seg = _op("layout", which)(seg_length, bin_offsets, shape.num_rows, shape.row_len, shape.flat,
+                                  shape.num_cu_seqlens)[1]
+    return batch, PackInfo(shape, segments, seg_seq, seg_start, src_offsets, cu, cu_seg, seq_lengths)
+
+
+def unpack_sequences(packed: torch.Tensor, info: PackInfo, *, padded: bool = False, max_len: Optional[int] = None,
+                     pad_value: float = 0.0, backend: str = "auto"):
+    """Per-token outputs of a packed batch (logits, log-probs, losses) back in source order.
+
+    ``packed`` has the batch's token shape followed by any feature dims: ``[1, T, *f]`` / ``[T, *f]``
+    (flat) or ``[num_rows, row_len, *f]`` (padded). Returns flat ``[sum(lengths), *f]`` or, with
+    ``padded=True``, ``[num_sequences, max_len, *f]`` (``max_len`` defaults to the longest
+    sequence). Tokens the plan did not keep (dropped or truncated) get ``pad_value``.
+    """
+    shape = info.layout
+    if shape.flat and packed.dim() >= 2 and packed.shape[0] == 1 and packed.shape[1] == shape.row_len:
+        packed = packed[0]
+    expect = (shape.row_len,) if shape.flat else (shape.num_rows, shape.row_len)
+    if tuple(packed.shape[:len(expect)]) != expect:
+        raise ValueError(f"packed must start with the batch's token shape {expect}, got {tuple(packed.shape)}")
+    which = _backend_for(packed.device, backend)
+    if packed.device != info.cu_seqlens.device:
+        raise ValueError(f"packed is on {packed.device} but the batch was packed on {info.cu_seqlens.device}")
+    if padded:
+        longest = int(info.lengths.max()) if len(info.lengths) else 0
+        max_len = longest if max_len is None else _count(max_len, "max_len")
+        return _op("unpack_padded", which)(packed.contiguous(), info.seg_seq, info.seg_start, info.cu_seqlens,
+                                           info.cu_seg, shape.flat, len(info.lengths), max_len, float(pad_value))
+    return _op("unpack", which)(packed.contiguous(), info.src_offsets, info.seg_seq, info.seg_start,
+                                info.cu_seqlens, info.cu_seg, shape.flat, int(info.lengths.sum()), float(pad_value))
