@@ -16,32 +16,33 @@ STABLE_TORCH_LIBRARY(packkit, m) {
   // Output segments of a plan laid out in rows: cu_seqlens int32 [num_cu_seqlens] (flash-attn
   // varlen format; each row's padding tail is its own segment) and cu_seg int32 [num_cu_seqlens - 1]
   // (the plan segment behind each output segment, -1 for padding). flat: one row of row_len tokens.
-  // num_cu_seqlens comes from the host-side plan, so no device value is ever read back.
+  // num_cu_seqlens comes from the host-side plan, so no device value is ever read back. Sizes are
+  // SymInt so torch.compile(dynamic=True) keeps them symbolic (no recompile per batch shape).
   m.def(
-      "layout(Tensor seg_length, Tensor bin_offsets, int num_rows, int row_len, bool flat, int num_cu_seqlens) "
+      "layout(Tensor seg_length, Tensor bin_offsets, SymInt num_rows, SymInt row_len, bool flat, SymInt num_cu_seqlens) "
       "-> (Tensor cu_seqlens, Tensor cu_seg)");
   // Scatter src [T_src, *feature] (any dtype) into [num_rows, row_len, *feature] (or [row_len, *feature]
   // if flat); padding gets pad_value; first_value, if given, replaces each segment's first token.
   m.def(
       "pack(Tensor src, Tensor src_offsets, Tensor seg_seq, Tensor seg_start, Tensor cu_seqlens, Tensor cu_seg, "
-      "int num_rows, int row_len, bool flat, float pad_value=0.0, float? first_value=None) -> Tensor");
+      "SymInt num_rows, SymInt row_len, bool flat, float pad_value=0.0, float? first_value=None) -> Tensor");
   // The common training batch in one call (layout + one fused pass on CUDA): input_ids, labels
   // (input_ids if None; padding and, with mask_first_label, each segment's first label = ignore_index),
   // position_ids int64 (restart at position_start in every segment, padding tails included), seq_idx
   // int32 (the output segment of each token) and cu_seqlens.
   m.def(
       "pack_batch(Tensor input_ids, Tensor? labels, Tensor src_offsets, Tensor seg_seq, Tensor seg_start, "
-      "Tensor seg_length, Tensor bin_offsets, int num_rows, int row_len, bool flat, int num_cu_seqlens, "
+      "Tensor seg_length, Tensor bin_offsets, SymInt num_rows, SymInt row_len, bool flat, SymInt num_cu_seqlens, "
       "int pad_id=0, int ignore_index=-100, bool mask_first_label=True, int position_start=0) -> "
       "(Tensor input_ids, Tensor labels, Tensor position_ids, Tensor seq_idx, Tensor cu_seqlens)");
   // Inverse of pack: packed [rows, row_len, *f] (or [T, *f] if flat) back to source order, flat
   // [num_src_tokens, *f] or padded [num_sequences, max_len, *f]; tokens no segment covers get pad_value.
   m.def(
       "unpack(Tensor packed, Tensor src_offsets, Tensor seg_seq, Tensor seg_start, Tensor cu_seqlens, "
-      "Tensor cu_seg, bool flat, int num_src_tokens, float pad_value=0.0) -> Tensor");
+      "Tensor cu_seg, bool flat, SymInt num_src_tokens, float pad_value=0.0) -> Tensor");
   m.def(
       "unpack_padded(Tensor packed, Tensor seg_seq, Tensor seg_start, Tensor cu_seqlens, Tensor cu_seg, "
-      "bool flat, int num_sequences, int max_len, float pad_value=0.0) -> Tensor");
+      "bool flat, SymInt num_sequences, SymInt max_len, float pad_value=0.0) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(packkit, CPU, m) {

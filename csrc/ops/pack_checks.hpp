@@ -96,6 +96,20 @@ inline int64_t packed_tokens(const Tensor& packed, bool flat, const char* op) {
 // The bytes of `value` converted to `dtype` (any dtype, incl. half/bool/complex), built with torch's
 // own conversion so every backend pads with exactly the same bit pattern.
 inline std::array<uint8_t, 16> value_bytes(double value, ScalarType dtype) {
+  double lo = -1.0 / 0.0, hi = 1.0 / 0.0;
+  switch (dtype) {
+    case ScalarType::Bool: lo = 0, hi = 1; break;
+    case ScalarType::Byte: lo = 0, hi = 255; break;
+    case ScalarType::Char: lo = -128, hi = 127; break;
+    case ScalarType::Short: lo = -32768, hi = 32767; break;
+    case ScalarType::Int: lo = -2147483648.0, hi = 2147483647.0; break;
+    case ScalarType::Long: lo = -9223372036854775808.0, hi = 9223372036854775807.0; break;
+    default: break;
+  }
+  const bool integral = lo > -1.0 / 0.0;
+  STD_TORCH_CHECK(!integral || (value >= lo && value <= hi && value == static_cast<double>(static_cast<int64_t>(value))),
+                  "packkit: fill value ", value, " cannot be represented in the tensor's dtype (allowed: integers in [",
+                  static_cast<int64_t>(lo), ", ", static_cast<int64_t>(hi), "])");
   std::array<uint8_t, 16> bytes{};
   Tensor one = torch::stable::full({1}, value, dtype);
   std::memcpy(bytes.data(), one.const_data_ptr(), one.element_size());
