@@ -1,0 +1,474 @@
+// CUDA implementations of the pack op family (semantics: tests/pack_reference.py).
+//
+// Two kernels do the work:
+//   * layout_kernel (one block): scans the plan's segment lengths into cu_seqlens and cu_seg, adding
+//     each row's padding tail as its own segment. One block is enough: it touches each segment once
+//     and is small next to moving the tokens.
+//   * the gather kernels: each block owns a tile of output positions; it finds the first and last
+//     output segment of its tile in cu_seqlens once, then every thread binary-searches only that
+//     short range for each of its positions and copies (or pads) one element. Writes are coalesced;
+//     reads are contiguous within a segment.
+// pack_batch = layout + one fused gather writing input_ids, labels, position_ids and seq_idx.
+// Everything launches on the current stream; nothing reads device data back, and sizes come from
+// ints the host computed from the plan. Device code trusts the plan for reads (packkit.pack_sequences
+// validates it on the host) but never writes outside its outputs.
+#include <cuda_runtime.h>
+
+// The shim declares its CUDA entry points (current stream) only under USE_CUDA.
+#ifndef USE_CUDA
+#define USE_CUDA
+#endif
+
+#include <cub/block/block_scan.cuh>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+
+#include "ops.hpp"
+#include "pack_checks.hpp"
+
+namespace packkit::ops {
+namespace {
+
+constexpr int kLayoutThreads = 1024;
+constexpr int kThreads = 256;
+constexpr int kItems = 8;  // positions per thread per tile
+constexpr int64_t kTile = int64_t{kThreads} * kItems;
+
+cudaStream_t current_stream(const Tensor& t) {
+  void* stream = nullptr;
+  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream) == AOTI_TORCH_SUCCESS,
+                  "packkit: could not get the current CUDA stream");
+  return static_cast<cudaStream_t>(stream);
+}
+
+void check_launch(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  STD_TORCH_CHECK(err == cudaSuccess, "packkit::", op, ": CUDA launch failed: ", cudaGetErrorString(err));
+}
+
+void check_cuda(const Tensor& t, const char* op, const char* name) {
+  STD_TORCH_CHECK(t.is_cuda(), "packkit::", op, ": ", name, " must be a CUDA tensor here");
+}
+
+// --- layout ------------------------------------------------------------------------------------
+__global__ void layout_kernel(const int64_t* __restrict__ seg_length, const int64_t* __restrict__ bin_offsets,
+                              int64_t num_bins, int64_t num_segments, int64_t num_rows, int64_t row_len, bool flat,
+                              int32_t* __restrict__ cu, int32_t* __restrict__ cu_seg, int64_t num_cu) {
+  using Scan = cub::BlockScan<int64_t, kLayoutThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  const int64_t last = num_cu - 1;  // entries [0, last) belong to segments; cu[last] is the end
+  int64_t carry = 0;                // output segments (padded) or tokens (flat) before this chunk
+  if (flat) {
+    constexpr int kPer = 4;
+    for (int64_t base = 0; base < num_segments; base += int64_t{kLayoutThreads} * kPer) {
+      const int64_t first = base + int64_t{threadIdx.x} * kPer;
+      int64_t len[kPer];
+      for (int i = 0; i < kPer; ++i) len[i] = first + i < num_segments ? seg_length[first + i] : 0;
+      int64_t excl[kPer], aggregate;
+      Scan(scan_storage).ExclusiveSum(len, excl, aggregate);
+      for (int i = 0; i < kPer; ++i) {
+        const int64_t j = first + i;
+        if (j < num_segments && j < last) {
+          cu[j] = static_cast<int32_t>(carry + excl[i]);
+          cu_seg[j] = static_cast<int32_t>(j);
+        }
+      }
+      carry += aggregate;
+      __syncthreads();  // scan_storage is reused by the next chunk
+    }
+    if (threadIdx.x == 0) {
+      if (carry < row_len && num_segments < last) {
+        cu[num_segments] = static_cast<int32_t>(carry);
+        cu_seg[num_segments] = -1;
+      }
+      cu[last] = static_cast<int32_t>(row_len);
+    }
+    return;
+  }
+  for (int64_t base = 0; base < num_rows; base += kLayoutThreads) {
+    const int64_t b = base + threadIdx.x;
+    int64_t first = 0, count = 0, tokens = 0;
+    if (b < num_rows && b < num_bins) {
+      first = bin_offsets[b];
+      count = bin_offsets[b + 1] - first;
+      for (int64_t j = first; j < first + count; ++j) tokens += seg_length[j];
+    }
+    const bool pad = b < num_rows && tokens < row_len;
+    int64_t k, aggregate;
+    Scan(scan_storage).ExclusiveSum(count + (pad ? 1 : 0), k, aggregate);
+    k += carry;
+    int64_t pos = b * row_len;
+    for (int64_t j = first; j < first + count; ++j, ++k) {
+      if (k < last) {
+        cu[k] = static_cast<int32_t>(pos);
+        cu_seg[k] = static_cast<int32_t>(j);
+      }
+      pos += seg_length[j];
+    }
+    if (pad && k < last) {
+      cu[k] = static_cast<int32_t>(pos);
+      cu_seg[k] = -1;
+    }
+    carry += aggregate;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) cu[last] = static_cast<int32_t>(num_rows * row_len);
+}
+
+void launch_layout(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len, bool flat,
+                   const Tensor& cu, const Tensor& cu_seg, cudaStream_t stream) {
+  layout_kernel<<<1, kLayoutThreads, 0, stream>>>(
+      seg_length.const_data_ptr<int64_t>(), bin_offsets.const_data_ptr<int64_t>(), bin_offsets.numel() - 1,
+      seg_length.numel(), num_rows, row_len, flat, cu.mutable_data_ptr<int32_t>(), cu_seg.mutable_data_ptr<int32_t>(),
+      cu.numel());
+  check_launch("layout");
+}
+
+// --- segment search shared by the gathers ------------------------------------------------------
+// Last k in [lo, hi] with cu[k] <= p (cu[lo] <= p holds by construction).
+__device__ __forceinline__ int64_t find_segment(const int32_t* __restrict__ cu, int64_t lo, int64_t hi, int64_t p) {
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (cu[mid] <= p) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// The block's segment range for positions [p0, p1): computed once by thread 0.
+__device__ __forceinline__ void tile_range(const int32_t* __restrict__ cu, int64_t num_segments, int64_t p0,
+                                           int64_t p1, int64_t& lo, int64_t& hi) {
+  __shared__ int64_t range[2];
+  if (threadIdx.x == 0) {
+    range[0] = find_segment(cu, 0, num_segments - 1, p0);
+    range[1] = find_segment(cu, range[0], num_segments - 1, p1 - 1);
+  }
+  __syncthreads();
+  lo = range[0];
+  hi = range[1];
+}
+
+template <int W> struct Word;
+template <> struct Word<1> { using T = uint8_t; };
+template <> struct Word<2> { using T = uint16_t; };
+template <> struct Word<4> { using T = uint32_t; };
+template <> struct Word<8> { using T = uint64_t; };
+template <> struct alignas(16) Word<16> { using T = ulonglong2; };
+
+// --- pack: any dtype (copied as W-byte words), F feature elements per token --------------------
+template <typename T>
+__global__ void pack_kernel(const T* __restrict__ src, const int64_t* __restrict__ src_offsets,
+                            const int64_t* __restrict__ seg_seq, const int64_t* __restrict__ seg_start,
+                            const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_seg, int64_t num_segments,
+                            int64_t features, int64_t total_elems, T pad, T first, bool has_first, T* __restrict__ out) {
+  const int64_t e0 = int64_t{blockIdx.x} * kTile, e1 = min(e0 + kTile, total_elems);
+  int64_t lo, hi;
+  tile_range(cu, num_segments, e0 / features, (e1 - 1) / features + 1, lo, hi);
+  for (int64_t e = e0 + threadIdx.x; e < e1; e += kThreads) {
+    const int64_t p = e / features, f = e - p * features;
+    const int64_t k = find_segment(cu, lo, hi, p);
+    const int64_t j = cu_seg[k], off = p - cu[k];
+    T value = pad;
+    if (j >= 0) {
+      value = (has_first && off == 0) ? first : src[(src_offsets[seg_seq[j]] + seg_start[j] + off) * features + f];
+    }
+    out[e] = value;
+  }
+}
+
+template <int W>
+void launch_pack(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                 const Tensor& cu, const Tensor& cu_seg, int64_t features, int64_t total_elems,
+                 const std::array<uint8_t, 16>& pad, const std::optional<std::array<uint8_t, 16>>& first,
+                 const Tensor& out, cudaStream_t stream) {
+  using T = typename Word<W>::T;
+  T pad_word, first_word{};
+  std::memcpy(&pad_word, pad.data(), W);
+  if (first) std::memcpy(&first_word, first->data(), W);
+  const int64_t blocks = (total_elems + kTile - 1) / kTile;
+  pack_kernel<T><<<blocks, kThreads, 0, stream>>>(
+      static_cast<const T*>(src.const_data_ptr()), src_offsets.const_data_ptr<int64_t>(),
+      seg_seq.const_data_ptr<int64_t>(), seg_start.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(),
+      cu_seg.const_data_ptr<int32_t>(), cu_seg.numel(), features, total_elems, pad_word, first_word, first.has_value(),
+      static_cast<T*>(out.mutable_data_ptr()));
+  check_launch("pack");
+}
+
+// --- pack_batch: the fused gather --------------------------------------------------------------
+template <typename Id, typename Label>
+__global__ void pack_batch_kernel(const Id* __restrict__ ids_src, const Label* __restrict__ labels_src,
+                                  const int64_t* __restrict__ src_offsets, const int64_t* __restrict__ seg_seq,
+                                  const int64_t* __restrict__ seg_start, const int32_t* __restrict__ cu,
+                                  const int32_t* __restrict__ cu_seg, int64_t num_segments, int64_t total, Id pad_id,
+                                  Label ignore_index, bool mask_first_label, int64_t position_start,
+                                  Id* __restrict__ ids, Label* __restrict__ labels, int64_t* __restrict__ positions,
+                                  int32_t* __restrict__ seq_idx) {
+  const int64_t p0 = int64_t{blockIdx.x} * kTile, p1 = min(p0 + kTile, total);
+  int64_t lo, hi;
+  tile_range(cu, num_segments, p0, p1, lo, hi);
+  for (int64_t p = p0 + threadIdx.x; p < p1; p += kThreads) {
+    const int64_t k = find_segment(cu, lo, hi, p);
+    const int64_t j = cu_seg[k], off = p - cu[k];
+    Id id = pad_id;
+    Label label = ignore_index;
+    if (j >= 0) {
+      const int64_t s = src_offsets[seg_seq[j]] + seg_start[j] + off;
+      id = ids_src[s];
+      label = (mask_first_label && off == 0) ? ignore_index : labels_src[s];
+    }
+    ids[p] = id;
+    labels[p] = label;
+    positions[p] = position_start + off;
+    seq_idx[p] = static_cast<int32_t>(k);
+  }
+}
+
+template <typename Id, typename Label>
+void launch_pack_batch(const Tensor& ids_src, const Tensor& labels_src, const Tensor& src_offsets,
+                       const Tensor& seg_seq, const Tensor& seg_start, const Tensor& cu, const Tensor& cu_seg,
+                       int64_t total, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
+                       int64_t position_start, const Tensor& ids, const Tensor& labels, const Tensor& positions,
+                       const Tensor& seq_idx, cudaStream_t stream) {
+  const int64_t blocks = (total + kTile - 1) / kTile;
+  pack_batch_kernel<Id, Label><<<blocks, kThreads, 0, stream>>>(
+      ids_src.const_data_ptr<Id>(), labels_src.const_data_ptr<Label>(), src_offsets.const_data_ptr<int64_t>(),
+      seg_seq.const_data_ptr<int64_t>(), seg_start.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(),
+      cu_seg.const_data_ptr<int32_t>(), cu_seg.numel(), total, static_cast<Id>(pad_id),
+      static_cast<Label>(ignore_index), mask_first_label, position_start, ids.mutable_data_ptr<Id>(),
+      labels.mutable_data_ptr<Label>(), positions.mutable_data_ptr<int64_t>(), seq_idx.mutable_data_ptr<int32_t>());
+  check_launch("pack_batch");
+}
+
+// --- unpack: fill with pad, then scatter every kept element back ---------------------------------
+template <typename T>
+__global__ void fill_kernel(T* __restrict__ out, int64_t count, T value) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = value;
+  }
+}
+
+// padded_max_len < 0: flat output at src_offsets[seq] + start; else [num_sequences, max_len] rows.
+template <typename T>
+__global__ void unpack_kernel(const T* __restrict__ packed, const int64_t* __restrict__ src_offsets,
+                              const int64_t* __restrict__ seg_seq, const int64_t* __restrict__ seg_start,
+                              const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_seg,
+                              int64_t num_segments, int64_t features, int64_t total_elems, int64_t padded_max_len,
+                              int64_t out_tokens, T* __restrict__ out) {
+  const int64_t e0 = int64_t{blockIdx.x} * kTile, e1 = min(e0 + kTile, total_elems);
+  int64_t lo, hi;
+  tile_range(cu, num_segments, e0 / features, (e1 - 1) / features + 1, lo, hi);
+  for (int64_t e = e0 + threadIdx.x; e < e1; e += kThreads) {
+    const int64_t p = e / features, f = e - p * features;
+    const int64_t k = find_segment(cu, lo, hi, p);
+    const int64_t j = cu_seg[k];
+    if (j < 0) continue;
+    const int64_t off = seg_start[j] + (p - cu[k]);
+    int64_t dst;
+    if (padded_max_len < 0) {
+      dst = src_offsets[seg_seq[j]] + off;
+    } else {
+      if (off >= padded_max_len) continue;
+      dst = seg_seq[j] * padded_max_len + off;
+    }
+    if (dst >= 0 && dst < out_tokens) out[dst * features + f] = packed[e];
+  }
+}
+
+template <int W>
+void launch_unpack(const Tensor& packed, const int64_t* src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                   const Tensor& cu, const Tensor& cu_seg, int64_t features, int64_t total_elems,
+                   int64_t padded_max_len, int64_t out_tokens, const std::array<uint8_t, 16>& pad, const Tensor& out,
+                   cudaStream_t stream) {
+  using T = typename Word<W>::T;
+  T pad_word;
+  std::memcpy(&pad_word, pad.data(), W);
+  const int64_t out_elems = out_tokens * features;
+  if (out_elems > 0) {
+    const int64_t blocks = std::min<int64_t>((out_elems + kThreads - 1) / kThreads, 65536);
+    fill_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(out.mutable_data_ptr()), out_elems, pad_word);
+    check_launch("unpack");
+  }
+  if (total_elems > 0 && out_elems > 0) {
+    unpack_kernel<T><<<(total_elems + kTile - 1) / kTile, kThreads, 0, stream>>>(
+        static_cast<const T*>(packed.const_data_ptr()), src_offsets, seg_seq.const_data_ptr<int64_t>(),
+        seg_start.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(), cu_seg.const_data_ptr<int32_t>(),
+        cu_seg.numel(), features, total_elems, padded_max_len, out_tokens, static_cast<T*>(out.mutable_data_ptr()));
+    check_launch("unpack");
+  }
+}
+
+template <typename F>
+void dispatch_width(size_t width, const char* op, F&& f) {
+  switch (width) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    default: STD_TORCH_CHECK(false, "packkit::", op, ": unsupported element size ", width);
+  }
+}
+
+std::vector<int64_t> packed_shape(int64_t num_rows, int64_t row_len, bool flat, const Tensor& like,
+                                  int64_t token_dims) {
+  std::vector<int64_t> shape;
+  if (!flat) shape.push_back(num_rows);
+  shape.push_back(row_len);
+  for (int64_t d = token_dims; d < like.dim(); ++d) shape.push_back(like.size(d));
+  return shape;
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> layout_cuda(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows,
+                                       int64_t row_len, bool flat, int64_t num_cu_seqlens) {
+  check_layout_args(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
+  check_cuda(seg_length, "layout", "seg_length");
+  torch::stable::accelerator::DeviceGuard guard(seg_length.get_device_index());
+  const Tensor lengths = torch::stable::contiguous(seg_length), offsets = torch::stable::contiguous(bin_offsets);
+  Tensor cu = torch::stable::new_empty(lengths, {num_cu_seqlens}, ScalarType::Int);
+  Tensor cu_seg = torch::stable::new_empty(lengths, {num_cu_seqlens - 1}, ScalarType::Int);
+  launch_layout(lengths, offsets, num_rows, row_len, flat, cu, cu_seg, current_stream(lengths));
+  return {cu, cu_seg};
+}
+
+Tensor pack_cuda(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                 const Tensor& cu_seqlens, const Tensor& cu_seg, int64_t num_rows, int64_t row_len, bool flat,
+                 double pad_value, std::optional<double> first_value) {
+  STD_TORCH_CHECK(src.dim() >= 1, "packkit::pack: src must be [tokens, *feature], got a 0-d tensor");
+  check_index_tensor(src_offsets, "pack", "src_offsets", ScalarType::Long);
+  check_segment_args(src, seg_seq, seg_start, cu_seqlens, cu_seg, "pack");
+  check_same_device(src, src_offsets, "pack", "src", "src_offsets");
+  check_cuda(src, "pack", "src");
+  const int64_t total = checked_total_tokens(num_rows, row_len, flat, "pack");
+  torch::stable::accelerator::DeviceGuard guard(src.get_device_index());
+  const Tensor s = torch::stable::contiguous(src);
+  const Tensor offs = torch::stable::contiguous(src_offsets), sq = torch::stable::contiguous(seg_seq);
+  const Tensor st = torch::stable::contiguous(seg_start), cu = torch::stable::contiguous(cu_seqlens);
+  const Tensor cs = torch::stable::contiguous(cu_seg);
+  Tensor out = torch::stable::new_empty(s, packed_shape(num_rows, row_len, flat, s, 1));
+  const int64_t features = feature_numel(s, 1), total_elems = total * features;
+  if (total_elems == 0) return out;
+  const auto pad = value_bytes(pad_value, s.scalar_type());
+  std::optional<std::array<uint8_t, 16>> first;
+  if (first_value) first = value_bytes(*first_value, s.scalar_type());
+  cudaStream_t stream = current_stream(s);
+  dispatch_width(s.element_size(), "pack", [&](auto w) {
+    launch_pack<decltype(w)::value>(s, offs, sq, st, cu, cs, features, total_elems, pad, first, out, stream);
+  });
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cuda(
+    const Tensor& input_ids, const std::optional<Tensor>& labels, const Tensor& src_offsets, const Tensor& seg_seq,
+    const Tensor& seg_start, const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len,
+    bool flat, int64_t num_cu_seqlens, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
+    int64_t position_start) {
+  STD_TORCH_CHECK(input_ids.dim() == 1, "packkit::pack_batch: input_ids must be 1-D (all sequences concatenated)");
+  const Tensor& label_src = labels.has_value() ? *labels : input_ids;
+  STD_TORCH_CHECK(label_src.dim() == 1 && label_src.size(0) == input_ids.size(0),
+                  "packkit::pack_batch: labels must be 1-D and as long as input_ids");
+  for (const Tensor* t : {&input_ids, &label_src}) {
+    STD_TORCH_CHECK(t->scalar_type() == ScalarType::Long || t->scalar_type() == ScalarType::Int,
+                    "packkit::pack_batch: input_ids and labels must be int64 or int32");
+  }
+  check_index_tensor(src_offsets, "pack_batch", "src_offsets", ScalarType::Long);
+  check_index_tensor(seg_seq, "pack_batch", "seg_seq", ScalarType::Long);
+  check_index_tensor(seg_start, "pack_batch", "seg_start", ScalarType::Long);
+  for (const Tensor* t : {&label_src, &src_offsets, &seg_seq, &seg_start, &seg_length, &bin_offsets}) {
+    check_same_device(input_ids, *t, "pack_batch", "input_ids", "every other tensor");
+  }
+  check_cuda(input_ids, "pack_batch", "input_ids");
+  torch::stable::accelerator::DeviceGuard guard(input_ids.get_device_index());
+  const auto layout = layout_cuda(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
+  const Tensor& cu = std::get<0>(layout);
+  const Tensor& cu_seg = std::get<1>(layout);
+  const Tensor ids_src = torch::stable::contiguous(input_ids), lab_src = torch::stable::contiguous(label_src);
+  const Tensor offs = torch::stable::contiguous(src_offsets), sq = torch::stable::contiguous(seg_seq);
+  const Tensor st = torch::stable::contiguous(seg_start);
+  const std::vector<int64_t> shape = flat ? std::vector<int64_t>{row_len} : std::vector<int64_t>{num_rows, row_len};
+  Tensor ids = torch::stable::new_empty(ids_src, shape);
+  Tensor lab = torch::stable::new_empty(lab_src, shape);
+  Tensor positions = torch::stable::new_empty(ids_src, shape, ScalarType::Long);
+  Tensor seq_idx = torch::stable::new_empty(ids_src, shape, ScalarType::Int);
+  const int64_t total = flat ? row_len : num_rows * row_len;
+  if (total == 0) return {ids, lab, positions, seq_idx, cu};
+  value_bytes(static_cast<double>(pad_id), ids_src.scalar_type());  // range checks with a clear message
+  value_bytes(static_cast<double>(ignore_index), lab_src.scalar_type());
+  cudaStream_t stream = current_stream(ids_src);
+  const bool ids64 = ids_src.scalar_type() == ScalarType::Long, lab64 = lab_src.scalar_type() == ScalarType::Long;
+  auto go = [&](auto id_tag, auto label_tag) {
+    launch_pack_batch<decltype(id_tag), decltype(label_tag)>(ids_src, lab_src, offs, sq, st, cu, cu_seg, total, pad_id,
+                                                             ignore_index, mask_first_label, position_start, ids, lab,
+                                                             positions, seq_idx, stream);
+  };
+  if (ids64 && lab64) go(int64_t{}, int64_t{});
+  else if (ids64) go(int64_t{}, int32_t{});
+  else if (lab64) go(int32_t{}, int64_t{});
+  else go(int32_t{}, int32_t{});
+  return {ids, lab, positions, seq_idx, cu};
+}
+
+namespace {
+Tensor unpack_cuda_impl(const Tensor& packed, const std::optional<Tensor>& src_offsets, const Tensor& seg_seq,
+                        const Tensor& seg_start, const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat,
+                        int64_t out_rows, int64_t max_len, double pad_value, const char* op) {
+  check_segment_args(packed, seg_seq, seg_start, cu_seqlens, cu_seg, op);
+  check_cuda(packed, op, "packed");
+  const int64_t tokens = packed_tokens(packed, flat, op);
+  torch::stable::accelerator::DeviceGuard guard(packed.get_device_index());
+  const Tensor p = torch::stable::contiguous(packed), sq = torch::stable::contiguous(seg_seq);
+  const Tensor st = torch::stable::contiguous(seg_start), cu = torch::stable::contiguous(cu_seqlens);
+  const Tensor cs = torch::stable::contiguous(cu_seg);
+  std::optional<Tensor> offs;
+  if (src_offsets) {
+    check_index_tensor(*src_offsets, op, "src_offsets", ScalarType::Long);
+    check_same_device(packed, *src_offsets, op, "packed", "src_offsets");
+    offs = torch::stable::contiguous(*src_offsets);
+  }
+  const int64_t token_dims = flat ? 1 : 2, features = feature_numel(p, token_dims);
+  std::vector<int64_t> shape{out_rows};
+  if (max_len >= 0) shape.push_back(max_len);
+  for (int64_t d = token_dims; d < p.dim(); ++d) shape.push_back(p.size(d));
+  Tensor out = torch::stable::new_empty(p, shape);
+  const int64_t out_tokens = max_len >= 0 ? out_rows * max_len : out_rows;
+  const auto pad = value_bytes(pad_value, p.scalar_type());
+  cudaStream_t stream = current_stream(p);
+  dispatch_width(p.element_size(), op, [&](auto w) {
+    launch_unpack<decltype(w)::value>(p, offs ? offs->const_data_ptr<int64_t>() : nullptr, sq, st, cu, cs, features,
+                                      tokens * features, max_len, out_tokens, pad, out, stream);
+  });
+  return out;
+}
+}  // namespace
+
+Tensor unpack_cuda(const Tensor& packed, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                   const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_src_tokens,
+                   double pad_value) {
+  STD_TORCH_CHECK(num_src_tokens >= 0, "packkit::unpack: num_src_tokens must be >= 0");
+  return unpack_cuda_impl(packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, num_src_tokens, -1,
+                          pad_value, "unpack");
+}
+
+Tensor unpack_padded_cuda(const Tensor& packed, const Tensor& seg_seq, const Tensor& seg_start,
+                          const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_sequences,
+                          int64_t max_len, double pad_value) {
+  STD_TORCH_CHECK(num_sequences >= 0 && max_len >= 0,
+                  "packkit::unpack_padded: num_sequences and max_len must be >= 0");
+  return unpack_cuda_impl(packed, std::nullopt, seg_seq, seg_start, cu_seqlens, cu_seg, flat, num_sequences, max_len,
+                          pad_value, "unpack_padded");
+}
+
+}  // namespace packkit::ops
+
+STABLE_TORCH_LIBRARY_IMPL(packkit, CUDA, m) {
+  m.impl("layout", TORCH_BOX(&packkit::ops::layout_cuda));
+  m.impl("pack", TORCH_BOX(&packkit::ops::pack_cuda));
+  m.impl("pack_batch", TORCH_BOX(&packkit::ops::pack_batch_cuda));
+  m.impl("unpack", TORCH_BOX(&packkit::ops::unpack_cuda));
+  m.impl("unpack_padded", TORCH_BOX(&packkit::ops::unpack_padded_cuda));
+}
