@@ -1,0 +1,245 @@
+"""Plan + pack benchmark: packkit vs fast_axolotl, transformers' collator and a vectorised PyTorch reference.
+
+Run from the repository root::
+
+    python benchmarks/bench_pack.py                 # CPU, 100k sequences (51.9M tokens), 5 repeats
+    python benchmarks/bench_pack.py --quick         # smoke run: 10k sequences, 2 repeats
+    python benchmarks/bench_pack.py --gpu           # also the CUDA/Triton section (needs a GPU)
+
+CPU workload (fixed seed): 100k sequences, lengths uniform 16..1024, token ids < 32000, capacity 4096.
+Every system gets its input in its natural form, built before timing:
+  * packkit: one flat int64 tensor + lengths -> ``pack_sequences(..., capacity=4096, layout=...)``, i.e.
+    plan (obfd) + input_ids, labels, position_ids, seq_idx and cu_seqlens.
+  * PyTorch reference (vectorised): the same obfd plan, then gather indices built with
+    ``repeat_interleave``/``cumsum`` and ``index_select`` for ids and labels, plus position_ids and
+    cu_seqlens — the best plain-PyTorch way we know.
+  * ``fast_axolotl.pack_sequences`` from lists (its own next-fit; rows of seq+[eos, pad]; no
+    position_ids / cu_seqlens), call alone.
+  * ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)`` on
+    the same sequences as features (one flat row, no padding), call alone.
+Times are medians of the repeats (``gc.collect()`` before each); slow peers run fewer repeats.
+GPU section: device-to-device copy bandwidth vs pack_batch (bytes that must move: ids + labels read
+once, ids + labels + position_ids + seq_idx written once) at 1M/16M/64M tokens, CUDA vs Triton,
+timed with CUDA events. Results go to ``benchmarks/results/pack_cpu.json`` (or ``pack_<gpu>.json``).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import packkit
+
+CAPACITY = 4096
+
+
+def timed(fn, repeats: int):
+    times, result = [], None
+    for _ in range(repeats):
+        result = None
+        gc.collect()
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times, result
+
+
+def make_workload(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(16, 1025, n).astype(np.int64)
+    flat = torch.from_numpy(rng.integers(3, 32000, int(lengths.sum())).astype(np.int64))
+    return lengths, flat
+
+
+def torch_reference(flat: torch.Tensor, lengths: np.ndarray, capacity: int):
+    """Vectorised plain-PyTorch pack into [rows, capacity] from a packkit obfd plan."""
+    plan = packkit.plan(lengths, capacity)
+    seg = plan.segments
+    seq = torch.from_numpy(seg.seq_index.copy())
+    seg_len = torch.from_numpy(seg.length.copy())
+    offsets = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))))
+    src_start = offsets[seq] + torch.from_numpy(seg.start.copy())
+    # Destination of each segment: row * capacity + prefix of earlier segments in the row.
+    bin_of_seg = torch.repeat_interleave(torch.arange(plan.num_bins), torch.from_numpy(np.diff(seg.bin_offsets)))
+    excl = torch.cumsum(seg_len, 0) - seg_len
+    row_first = torch.from_numpy(seg.bin_offsets[:-1].copy())
+    dst_start = bin_of_seg * capacity + (excl - excl[row_first][bin_of_seg])
+    total_kept = int(seg_len.sum())
+    within = torch.arange(total_kept) - torch.repeat_interleave(excl, seg_len)
+    src_idx = torch.repeat_interleave(src_start, seg_len) + within
+    dst_idx = torch.repeat_interleave(dst_start, seg_len) + within
+    size = plan.num_bins * capacity
+    ids = torch.zeros(size, dtype=flat.dtype)
+    ids[dst_idx] = flat[src_idx]
+    labels = torch.full((size,), -100, dtype=flat.dtype)
+    labels[dst_idx] = flat[src_idx]
+    labels[dst_start] = -100
+    positions = torch.zeros(size, dtype=torch.int64)
+    positions[dst_idx] = within
+    cu = torch.cat((torch.zeros(1, dtype=torch.int32), torch.cumsum(seg_len, 0).to(torch.int32)))  # flat-style
+    return ids.view(-1, capacity), labels.view(-1, capacity), positions.view(-1, capacity), cu
+
+
+def efficiency(tokens: int, rows: int, capacity: int) -> float:
+    return tokens / (rows * capacity) if rows else 1.0
+
+
+def cpu_section(n: int, repeats: int, slow_repeats: int) -> list[dict]:
+    lengths, flat = make_workload(n)
+    tokens = int(lengths.sum())
+    print(f"CPU workload: {n:,} sequences, {tokens:,} tokens, capacity {CAPACITY}, torch threads "
+          f"{torch.get_num_threads()}")
+    rows = []
+
+    def add(system, fn, reps, rows_of, note=""):
+        median, times, out = timed(fn, reps)
+        r = rows_of(out)
+        rows.append({"system": system, "median_s": median, "times_s": times, "rows": r,
+                     "efficiency": efficiency(tokens, r, CAPACITY) if r else None, "note": note})
+        print(f"  {system:<44} {median * 1000:10.1f} ms  rows {r}")
+        del out
+        return median
+
+    add("packkit pack_sequences padded (plan+pack)",
+        lambda: packkit.pack_sequences(flat, lengths, capacity=CAPACITY, layout="padded"), repeats,
+        lambda b: b["input_ids"].shape[0])
+    add("packkit pack_sequences flat (plan+pack)",
+        lambda: packkit.pack_sequences(flat, lengths, capacity=CAPACITY, layout="flat"), repeats,
+        lambda b: -(-b["input_ids"].shape[1] // CAPACITY), "one [1, T] row of obfd bins")
+    add("pytorch reference, vectorised (plan+pack)", lambda: torch_reference(flat, lengths, CAPACITY), repeats,
+        lambda out: out[0].shape[0])
+    try:
+        import fast_axolotl
+
+        seqs = [s.tolist() for s in torch.split(flat, lengths.tolist())]
+        add("fast_axolotl.pack_sequences (lists)",
+            lambda: fast_axolotl.pack_sequences(seqs, CAPACITY, 0, 2, -100), slow_repeats,
+            lambda out: len(out["input_ids"]), "next fit, seq+[eos,pad], no position_ids/cu_seqlens")
+    except ImportError:
+        print("  fast_axolotl not installed: skipped")
+        seqs = [s.tolist() for s in torch.split(flat, lengths.tolist())]
+    try:
+        from transformers import DataCollatorWithFlattening
+
+        collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+        features = [{"input_ids": s} for s in seqs]
+        add("transformers DataCollatorWithFlattening", lambda: collator(features), slow_repeats,
+            lambda out: 0, "one flat row, input order (no bins)")
+    except ImportError:
+        print("  transformers not installed: skipped")
+    return rows
+
+
+def gpu_section(repeats: int) -> list[dict]:
+    results = []
+    device = torch.device("cuda")
+    backends = (["cuda"] if packkit.ops.HAS_CUDA_KERNELS else []) + ["triton"]
+    for tokens_target in (1 << 20, 16 << 20, 64 << 20):
+        n = tokens_target // 520
+        lengths, flat = make_workload(n, seed=1)
+        plan = packkit.plan(lengths, CAPACITY)
+        flat = flat.to(device)
+        src = flat.numel()
+        copy_src = torch.empty(src * 4, dtype=torch.int64, device=device)  # comparable bytes: ~4 int64 per token
+        copy_dst = torch.empty_like(copy_src)
+
+        def event_time(fn, reps=repeats):
+            times = []
+            for _ in range(reps):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1000)
+            return statistics.median(times)
+
+        copy_dst.copy_(copy_src)
+        copy_s = event_time(lambda: copy_dst.copy_(copy_src))
+        copy_bw = 2 * copy_src.numel() * 8 / copy_s
+        layout = packkit.pack_layout(plan.segments, flat=False, row_len=CAPACITY)
+        segs = [torch.from_numpy(a.copy()).to(device) for a in plan.segments]
+        offs = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths)))).to(device)
+        out_tokens = layout.num_rows * layout.row_len
+        moved = src * 8 + out_tokens * (8 + 8 + 8 + 4)  # ids read (labels = ids), 4 outputs written
+        for backend in backends:
+            op = torch.ops.packkit.pack_batch if backend == "cuda" else None
+            if backend == "triton":
+                from packkit.triton_kernels import pack as _tp  # noqa: F401
+
+                op = torch.ops.packkit.triton_pack_batch
+            call = lambda: op(flat, None, offs, *segs, layout.num_rows, layout.row_len, False,  # noqa: E731
+                              layout.num_cu_seqlens)
+            call()
+            seconds = event_time(call)
+            bw = moved / seconds
+            results.append({"tokens": src, "backend": backend, "median_s": seconds, "bytes": moved,
+                            "bandwidth_GBps": bw / 1e9, "copy_bandwidth_GBps": copy_bw / 1e9,
+                            "fraction_of_copy": bw / copy_bw})
+            print(f"  {src:>11,} tokens {backend:<7} {seconds * 1e6:9.1f} us  {bw / 1e9:7.1f} GB/s  "
+                  f"{bw / copy_bw:6.1%} of copy ({copy_bw / 1e9:.0f} GB/s)")
+    return results
+
+
+def machine_info() -> dict:
+    info = {"processor": platform.processor(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
+            "python": sys.version.split()[0], "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "date": datetime.date.today().isoformat()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="10k sequences, 2 repeats")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--gpu", action="store_true", help="run the GPU section too")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    n = 10_000 if args.quick else 100_000
+    repeats = 2 if args.quick else args.repeats
+    rows = cpu_section(n, repeats, slow_repeats=1 if not args.quick else 2)
+    base = rows[0]["median_s"]
+    best_torch = min(r["median_s"] for r in rows if r["system"].startswith("pytorch"))
+    print(f"\n{'system':<44} {'median':>10} {'vs packkit':>11} {'rows':>8} {'efficiency':>11}")
+    for r in rows:
+        eff = f"{r['efficiency']:.4%}" if r["efficiency"] else "-"
+        print(f"{r['system']:<44} {r['median_s'] * 1000:8.1f}ms {r['median_s'] / base:10.2f}x {r['rows'] or '-':>8} "
+              f"{eff:>11}")
+    targets = {"vs_pytorch_reference": best_torch / base}
+    fa = [r for r in rows if r["system"].startswith("fast_axolotl")]
+    if fa:
+        targets["vs_fast_axolotl"] = fa[0]["median_s"] / base
+    hf = [r for r in rows if r["system"].startswith("transformers")]
+    if hf:
+        targets["vs_transformers_collator"] = hf[0]["median_s"] / base
+    targets["packkit_efficiency"] = rows[0]["efficiency"]
+    print("\nTargets: >= 10x fast_axolotl, >= 5x the PyTorch reference, >= 99.9% efficiency")
+    print("  " + ", ".join(f"{k} = {v:.4g}" for k, v in targets.items()))
+    doc = {"machine": machine_info(), "workload": {"sequences": n, "lengths": "uniform 16..1024",
+                                                   "capacity": CAPACITY}, "cpu": rows, "targets": targets}
+    name = "pack_cpu.json"
+    if args.gpu and torch.cuda.is_available():
+        print("\nGPU section")
+        doc["gpu"] = gpu_section(max(repeats, 10))
+        name = "pack_" + torch.cuda.get_device_name().replace(" ", "_").lower() + ".json"
+    out = args.out or Path(__file__).parent / "results" / name
+    if not args.quick or args.out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
