@@ -309,3 +309,39 @@ def test_bad_pack_batch_and_unpack_inputs():
                    case.src.shape[0], 0.0)
     with pytest.raises(RuntimeError, match="num_sequences is"):
         OPS.unpack_padded(packed, case.seg_seq, case.seg_start, cu, cu_seg, False, 0, 4, 0.0)
+
+
+# --- GPU only: CUDA-graph capture and torch.compile(mode="reduce-overhead") -------------------------
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU and packkit's CUDA kernels")
+def test_cuda_graph_capture_and_replay():
+    case = make_case(21, dtype=torch.int64, flat=False, extra_rows=2, max_seqs=10).to("cuda")
+    args = (case.src, None, case.src_offsets, *case.plan_tensors, case.num_rows, case.row_len, False,
+            case.layout.num_cu_seqlens)
+    OPS.pack_batch(*args)  # warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # raises if anything synchronises or allocates from the host
+        out = OPS.pack_batch(*args)
+    case.src.add_(1)  # new data in the same buffers, replayed without re-planning
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = reference_pack_batch(case.src.cpu(), None, case.src_offsets.cpu(), *[t.cpu() for t in case.plan_tensors],
+                               case.num_rows, case.row_len, False, 0, -100, True, 0)
+    assert all(same_bits(g, r) for g, r in zip(out, ref))
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU and packkit's CUDA kernels")
+def test_compile_reduce_overhead_replays():
+    case = make_case(22, dtype=torch.int64, flat=False, extra_rows=1, max_seqs=10).to("cuda")
+
+    def step(ids, offs, seg_seq, seg_start, seg_length, bin_offsets):
+        return OPS.pack_batch(ids, None, offs, seg_seq, seg_start, seg_length, bin_offsets, case.num_rows,
+                              case.row_len, False, case.layout.num_cu_seqlens)
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    for i in range(4):
+        ids = case.src + i
+        got = [t.clone() for t in compiled(ids, case.src_offsets, *case.plan_tensors)]
+        ref = reference_pack_batch(ids.cpu(), None, case.src_offsets.cpu(), *[t.cpu() for t in case.plan_tensors],
+                                   case.num_rows, case.row_len, False, 0, -100, True, 0)
+        assert all(same_bits(g, r) for g, r in zip(got, ref))
