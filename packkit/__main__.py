@@ -11,7 +11,14 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="plan a built-in length profile with every algorithm and print a table")
     demo.add_argument("--capacity", type=int, default=20_000, help="tokens per row (default 20000)")
     demo.add_argument("--dp-size", type=int, default=8, help="data-parallel ranks for ogbfd (default 8)")
+    from .analyze.cli import add_parser as add_analyze_parser
+
+    add_analyze_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "analyze":
+        from .analyze.cli import run as run_analyze
+
+        return run_analyze(args, sys.argv[1:] if argv is None else list(argv))
     if args.command == "demo":
         from .demo import run
 
