@@ -5,9 +5,11 @@ the planner and the pack kernels as torch ops; ``packkit.pack_sequences`` turns 
 batch with HF key names, and ``packkit.unpack_sequences`` brings per-token outputs back.
 """
 from . import ops  # registers torch.ops.packkit.*
+from .collator import PackingCollator, document_causal_block_mask
 from .packing import LAYOUTS, PackInfo, PackLayout, pack_layout, pack_sequences, unpack_sequences
 from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, Segments, plan
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences",
-           "pack_layout", "PackLayout", "PackInfo", "LAYOUTS"]
+           "pack_layout", "PackLayout", "PackInfo", "LAYOUTS",
+           "PackingCollator", "document_causal_block_mask"]
 __version__ = "0.1.0"

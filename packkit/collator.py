@@ -1,0 +1,190 @@
+"""``packkit.PackingCollator``: a ``data_collator`` / ``collate_fn`` that packs each batch.
+
+Features in (dicts with ``input_ids`` and optional ``labels`` / ``completion_mask`` /
+``assistant_masks``), one packed batch out, with the keys HF models take and no ``attention_mask``.
+With default options and ``layout="flat"`` the output equals transformers'
+``DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)``, key by key.
+"""
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .packing import LAYOUTS, flatten_sequences, pack_sequences
+from .planning import ALGORITHMS, OVERLONG_POLICIES, plan as make_plan
+
+LABEL_MASK_KEYS = ("completion_mask", "assistant_masks")
+
+
+def _round_up(value: int, multiple: Optional[int]) -> int:
+    return -(-value // multiple) * multiple if multiple else value
+
+
+class PackingCollator:
+    """Pack a list of features into one batch.
+
+    Args:
+        capacity: tokens per row. Required for ``layout="padded"``; for ``"flat"`` it only bounds
+            single sequences (the ``overlong`` policy applies) and the batch keeps input order.
+        layout: ``"flat"`` (``[1, T]``, default) or ``"padded"`` (``[B, capacity]``, one bin per row).
+        algorithm: planner for the padded layout (default ``"obfd"``).
+        overlong: ``"error"`` / ``"drop"`` / ``"truncate"`` / ``"split"`` for sequences longer than capacity.
+        num_rows: fixed ``B`` for the padded layout (static shapes); a batch that needs more rows
+            raises ValueError.
+        pad_to_multiple_of: round the flat length (or, with ``pad_to_capacity=False``, the padded
+            row length) up to a multiple, e.g. 64 for tensor cores; the tail is one padding segment.
+        pad_to_capacity: padded rows are ``capacity`` long (default) or just long enough.
+        separator_id: value of each sequence's first label (HF ``DataCollatorWithFlattening``'s
+            option; default ``ignore_index``: no document learns the next one's first token).
+            ``None`` keeps the first labels as they are.
+        position_ids_start: first position id of every sequence (2 for RoBERTa-style models).
+        device: pack there (``"cuda"``: pinned host buffers, non-blocking copies, device kernels).
+        return_block_mask: add a FlexAttention document-causal ``BlockMask`` (built from
+            ``seq_idx``) under ``attention_mask``, the key HF's flex-attention path reads it from.
+        return_num_items: add ``num_items_in_batch`` (0-d int64 tensor, labels that count in the
+            loss) so the loss is normalised by tokens, not by rows; HF models pass it to their loss.
+    """
+
+    def __init__(self, capacity: Optional[int] = None, *, layout: str = "flat", algorithm: str = "obfd",
+                 overlong: str = "error", num_rows: Optional[int] = None, pad_to_multiple_of: Optional[int] = None,
+                 pad_to_capacity: bool = True, pad_token_id: int = 0, ignore_index: int = -100,
+                 separator_id: Optional[int] = -100, position_ids_start: int = 0, device=None,
+                 backend: str = "auto", return_block_mask: bool = False, return_num_items: bool = False,
+                 input_key: str = "input_ids", label_key: str = "labels"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
+        if overlong not in OVERLONG_POLICIES:
+            raise ValueError(f"unknown overlong policy {overlong!r}; allowed: {', '.join(OVERLONG_POLICIES)}")
+        for name, value in (("capacity", capacity), ("num_rows", num_rows), ("pad_to_multiple_of", pad_to_multiple_of)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if layout == "padded" and capacity is None:
+            raise ValueError("layout='padded' needs capacity (the row length)")
+        if num_rows is not None and layout != "padded":
+            raise ValueError("num_rows applies to layout='padded' only")
+        self.capacity, self.layout, self.algorithm, self.overlong = capacity, layout, algorithm, overlong
+        self.num_rows, self.pad_to_multiple_of, self.pad_to_capacity = num_rows, pad_to_multiple_of, pad_to_capacity
+        self.pad_token_id, self.ignore_index, self.separator_id = pad_token_id, ignore_index, separator_id
+        self.position_ids_start, self.device, self.backend = position_ids_start, device, backend
+        self.return_block_mask, self.return_num_items = return_block_mask, return_num_items
+        self.input_key, self.label_key = input_key, label_key
+
+    # -- features -> flat host tensors ----------------------------------------------------------
+    def _gather(self, features):
+        """(flat ids, flat labels or None, lengths), with one flatten per key for the whole batch."""
+        if not isinstance(features, (list, tuple)):
+            raise TypeError(f"PackingCollator expects a list of features, got {type(features).__name__}")
+        ids_raw, label_raw, label_kind = [], [], []
+        for i, feature in enumerate(features):
+            if isinstance(feature, Mapping):
+                if self.input_key not in feature:
+                    raise ValueError(f"feature {i} has no {self.input_key!r} key (keys: {sorted(feature)})")
+                ids_raw.append(feature[self.input_key])
+                kind = next((k for k in (self.label_key, *LABEL_MASK_KEYS) if feature.get(k) is not None), None)
+                label_kind.append(kind)
+                label_raw.append(feature[kind] if kind else None)
+            else:
+                ids_raw.append(feature)
+                label_kind.append(None)
+                label_raw.append(None)
+        if not ids_raw:
+            return torch.zeros(0, dtype=torch.int64), None, np.zeros(0, np.int64)
+        flat_ids, lengths = flatten_sequences(ids_raw, name=self.input_key)
+        if flat_ids.dim() != 1 or flat_ids.dtype.is_floating_point or flat_ids.dtype == torch.bool:
+            raise TypeError(f"{self.input_key} must be 1-D sequences of integer token ids")
+        if all(k is None for k in label_kind):
+            return flat_ids, None, lengths
+        if all(k == self.label_key for k in label_kind):
+            flat_labels, label_lengths = flatten_sequences(label_raw, name=self.label_key)
+            if not np.array_equal(label_lengths, lengths):
+                i = int(np.flatnonzero(label_lengths != lengths)[0])
+                raise ValueError(f"feature {i}: {self.label_key} has {label_lengths[i]} entries but "
+                                 f"{self.input_key} has {lengths[i]}")
+            return flat_ids, flat_labels.to(torch.int64), lengths
+        # Mixed: labels, completion/assistant masks, or none (labels = ids) per feature.
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        parts = []
+        for i, (kind, raw) in enumerate(zip(label_kind, label_raw)):
+            ids = flat_ids[offsets[i]:offsets[i + 1]].to(torch.int64)
+            if kind is None:
+                parts.append(ids)
+                continue
+            values = torch.as_tensor(np.asarray(raw)) if not isinstance(raw, torch.Tensor) else raw
+            if values.shape != ids.shape:
+                raise ValueError(f"feature {i}: {kind} has {values.shape[0] if values.dim() else 0} entries but "
+                                 f"{self.input_key} has {ids.shape[0]}")
+            parts.append(values.to(torch.int64) if kind == self.label_key
+                         else torch.where(values.to(torch.bool), ids, self.ignore_index))
+        return flat_ids, torch.cat(parts), lengths
+
+    # -- the batch -------------------------------------------------------------------------------
+    def __call__(self, features) -> dict:
+        flat_ids, flat_labels, lengths = self._gather(features)
+        mask_first = self.separator_id is not None
+        if self.layout == "flat":
+            plan = make_plan(lengths, self.capacity, algorithm="nf", overlong=self.overlong) if self.capacity else None
+            kept = plan.kept_tokens if plan is not None else int(lengths.sum())
+            row_len = _round_up(kept, self.pad_to_multiple_of) if self.pad_to_multiple_of else None
+            batch, info = pack_sequences(flat_ids, lengths, labels=flat_labels, plan=plan, layout="flat", row_len=row_len,
+                                         pad_token_id=self.pad_token_id, ignore_index=self.ignore_index,
+                                         mask_first_label=mask_first, position_ids_start=self.position_ids_start,
+                                         device=self.device, backend=self.backend, return_info=True)
+        else:
+            plan = make_plan(lengths, self.capacity, algorithm=self.algorithm, overlong=self.overlong)
+            row_len = self.capacity
+            if not self.pad_to_capacity:
+                longest = int(plan.bin_tokens.max()) if plan.num_bins else 1
+                row_len = min(_round_up(longest, self.pad_to_multiple_of), max(self.capacity, longest))
+            num_rows = self.num_rows if self.num_rows is not None else max(plan.num_bins, 1)
+            if plan.num_bins > num_rows:
+                raise ValueError(f"this batch needs {plan.num_bins} rows of {self.capacity} tokens but num_rows="
+                                 f"{num_rows}; use fewer/shorter features per batch or a larger num_rows")
+            batch, info = pack_sequences(flat_ids, lengths, labels=flat_labels, plan=plan, layout="padded",
+                                         num_rows=num_rows, row_len=row_len, pad_token_id=self.pad_token_id,
+                                         ignore_index=self.ignore_index, mask_first_label=mask_first,
+                                         position_ids_start=self.position_ids_start, device=self.device,
+                                         backend=self.backend, return_info=True)
+        if mask_first and self.separator_id != self.ignore_index:
+            self._set_first_labels(batch, info)
+        if self.return_num_items:
+            batch["num_items_in_batch"] = batch["labels"].ne(self.ignore_index).sum()
+        if self.return_block_mask:
+            batch["attention_mask"] = document_causal_block_mask(batch["seq_idx"])
+        return batch
+
+    def _set_first_labels(self, batch: dict, info) -> None:
+        """Put separator_id at the first label of every real (non-padding) segment."""
+        seg = info.segments
+        lengths = seg.length
+        starts = np.zeros(len(lengths), np.int64)
+        if len(lengths):
+            cumulative = np.concatenate(([0], np.cumsum(lengths)))
+            if info.layout.flat:
+                starts = cumulative[:-1]
+            else:
+                bin_of = np.repeat(np.arange(len(seg.bin_offsets) - 1), np.diff(seg.bin_offsets))
+                starts = bin_of * info.layout.row_len + cumulative[:-1] - cumulative[seg.bin_offsets[:-1]][bin_of]
+        labels = batch["labels"].view(-1)
+        labels[torch.from_numpy(starts).to(labels.device, non_blocking=True)] = self.separator_id
+
+
+def document_causal_block_mask(seq_idx: torch.Tensor, block_size: int = 128):
+    """FlexAttention ``BlockMask``: token q attends to kv iff same segment and kv <= q.
+
+    ``seq_idx`` is ``[B, T]`` (or ``[T]``); padding segments attend only within themselves.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    doc = seq_idx if seq_idx.dim() == 2 else seq_idx.unsqueeze(0)
+    batch, length = doc.shape
+
+    def mask_mod(b, h, q, kv):
+        return (doc[b, q] == doc[b, kv]) & (kv <= q)
+
+    return create_block_mask(mask_mod, batch, None, length, length, device=doc.device, BLOCK_SIZE=block_size)
