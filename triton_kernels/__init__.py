@@ -1,4 +1,6 @@
 """packkit's Triton kernels, installed as ``packkit.triton_kernels`` (never a top-level module).
 
-The pack kernels land here with the "Pack ops" work; the planner needs none.
+``packkit.triton_kernels.pack``: the pack op family (layout, pack, pack_batch, unpack, unpack_padded)
+as ``torch.library.triton_op``s, ``torch.ops.packkit.triton_<name>``. Import it explicitly; it needs
+triton. This package itself imports nothing, so it stays importable without triton.
 """
