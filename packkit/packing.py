@@ -7,7 +7,6 @@ trust it.
 """
 from __future__ import annotations
 
-import itertools
 from array import array
 import numbers
 import warnings
@@ -126,8 +125,9 @@ def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
             raise TypeError(f"{name}[{i}] is a {type(s).__name__}; each sequence must be a list, array or tensor "
                             f"of token ids")
         lengths[i] = len(s)
-    try:  # array('q') rejects floats instead of truncating them (np.fromiter would truncate 1.5 to 1)
-        values = np.frombuffer(array("q", itertools.chain.from_iterable(sequences)), np.int64)
+    try:  # array('q') rejects floats instead of truncating them (np.fromiter would truncate 1.5 to 1);
+        # one array per sequence joined is ~2x faster than one array over a chained iterator.
+        values = np.frombuffer(b"".join([array("q", s).tobytes() for s in sequences]), np.int64).copy()
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"{name}: every element must be an integer token id ({exc})") from None
     return torch.from_numpy(values), lengths

@@ -20,7 +20,14 @@ namespace packkit::ops {
 
 namespace {
 
-constexpr int64_t kGrain = 256;  // output segments per parallel task
+// Output segments per parallel task, so that each task moves at least ~256K tokens: small batches
+// (a collator's few hundred sequences) run inline, because waking the thread pool costs more than
+// the copy and, on small machines, a spinning worker steals the core the caller needs.
+int64_t grain_for(int64_t num_segments, int64_t total_tokens) {
+  constexpr int64_t kTokensPerTask = int64_t{1} << 18;
+  if (total_tokens < 4 * kTokensPerTask || num_segments == 0) return std::max<int64_t>(num_segments, 1);
+  return std::max<int64_t>(1, num_segments * kTokensPerTask / total_tokens);
+}
 
 // Packed outputs are large and written once, right after allocation: with 4 KiB pages the first-touch
 // faults cost more than the copy itself (about 4x on our 2-core CI machine). Advising transparent
@@ -136,7 +143,8 @@ void pack_records(const uint8_t* src, const int64_t* src_offsets, const int64_t*
                   const int32_t* cu, const int32_t* cu_seg, int64_t num_cu_segments, size_t elem_size,
                   int64_t features, const uint8_t* pad, const uint8_t* first, uint8_t* out) {
   const size_t record = elem_size * features;
-  torch::stable::parallel_for(0, num_cu_segments, kGrain, [&](int64_t begin, int64_t end) {
+  const int64_t grain = grain_for(num_cu_segments, int64_t{cu[num_cu_segments]} * features);
+  torch::stable::parallel_for(0, num_cu_segments, grain, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t a = cu[k], len = int64_t{cu[k + 1]} - a;
       const int64_t j = cu_seg[k];
@@ -221,7 +229,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cpu(
   const int32_t* c = cu.const_data_ptr<int32_t>();
   int64_t* pos = positions.mutable_data_ptr<int64_t>();
   int32_t* doc = seq_idx.mutable_data_ptr<int32_t>();
-  torch::stable::parallel_for(0, cu_seg.numel(), kGrain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, cu_seg.numel(), grain_for(cu_seg.numel(), c[cu_seg.numel()]),
+                              [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       for (int64_t p = c[k], i = position_start; p < c[k + 1]; ++p, ++i) pos[p] = i;
       std::fill(doc + c[k], doc + c[k + 1], static_cast<int32_t>(k));
@@ -257,7 +266,8 @@ Tensor unpack_cpu(const Tensor& packed, const Tensor& src_offsets, const Tensor&
   const int32_t* owner = cs.const_data_ptr<int32_t>();
   const int64_t *so = offs.const_data_ptr<int64_t>(), *ss = sq.const_data_ptr<int64_t>(),
                 *sst = st.const_data_ptr<int64_t>();
-  torch::stable::parallel_for(0, cs.numel(), kGrain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, cs.numel(), grain_for(cs.numel(), int64_t{c[cs.numel()]} * features),
+                              [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t j = owner[k];
       if (j < 0) continue;
@@ -301,7 +311,8 @@ Tensor unpack_padded_cpu(const Tensor& packed, const Tensor& seg_seq, const Tens
   const uint8_t* in = static_cast<const uint8_t*>(p.const_data_ptr());
   uint8_t* o = static_cast<uint8_t*>(out.mutable_data_ptr());
   fill_elements(o, num_sequences * max_len * features, pad.data(), elem);
-  torch::stable::parallel_for(0, cs.numel(), kGrain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, cs.numel(), grain_for(cs.numel(), int64_t{c[cs.numel()]} * features),
+                              [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t j = owner[k];
       if (j < 0 || sst[j] >= max_len) continue;
