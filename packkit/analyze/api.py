@@ -172,13 +172,14 @@ def analyze_lengths(lengths, out_dir: str | Path | None = None, *, max_lengths="
     overlong, dp_size, cost, algorithms, seed = o.overlong, o.dp_size, o.cost, o.algorithms, o.seed
     target_efficiency, max_dropped_fraction = o.target_efficiency, o.max_dropped_fraction
 
-    stats = dataset_stats(lengths)
+    sorted_lengths = np.sort(lengths)
+    stats = dataset_stats(lengths, sorted_lengths=sorted_lengths)
     capacities = parse_max_lengths(o.max_lengths, stats)
     timings["stats"] = time.perf_counter() - t0
 
     t = time.perf_counter()
     rows = simulate(lengths, capacities, algorithms, overlong=overlong, dp_size=dp_size, cost=cost, progress=progress)
-    padding = padding_baseline(lengths, capacities, o.padded_micro_batch_size, seed)
+    padding = padding_baseline(lengths, capacities, o.padded_micro_batch_size, seed, sorted_lengths=sorted_lengths)
     timings["simulate"] = time.perf_counter() - t
     recommendations = recommend(stats, rows, padding, target_efficiency=target_efficiency,
                                 max_dropped_fraction=max_dropped_fraction, batch_size=o.batch_size, epochs=o.epochs,
@@ -205,7 +206,7 @@ def analyze_lengths(lengths, out_dir: str | Path | None = None, *, max_lengths="
         if o.figures:
             from .figures import write_figures
 
-            figure_files = write_figures(staging.dir, lengths, stats, rows, padding, rec_doc,
+            figure_files = write_figures(staging.dir, sorted_lengths, stats, rows, padding, rec_doc,
                                          target=target_efficiency, budget=max_dropped_fraction, overlong=overlong)
             for name in figure_files:
                 staging.path(name)

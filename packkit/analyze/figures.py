@@ -56,7 +56,7 @@ def _mark(ax, x: float, label: str, color: str, style: str = "--") -> None:
     ax.axvline(x, color=color, linestyle=style, linewidth=1, label=label)
 
 
-def length_distribution(lengths: np.ndarray, stats: dict, recommended: int | None, path: Path) -> None:
+def length_distribution(sorted_lengths: np.ndarray, stats: dict, recommended: int | None, path: Path) -> None:
     fig, (hist_ax, cdf_ax) = _new_figure(11, 4.2, 2)
     h = stats["histogram"]
     edges = np.asarray(h["bin_edges"], dtype=float)
@@ -67,7 +67,6 @@ def length_distribution(lengths: np.ndarray, stats: dict, recommended: int | Non
     hist_ax.set_xlabel("sample length (tokens)")
     hist_ax.set_ylabel("samples per bin")
     hist_ax.set_title(f"{stats['count']:,} samples, {stats['total_tokens']:,} tokens")
-    sorted_lengths = np.sort(lengths)
     q = np.linspace(0, 1, 2001)
     idx = np.minimum((q * (len(sorted_lengths) - 1)).round().astype(np.int64), len(sorted_lengths) - 1)
     cdf_ax.plot(np.maximum(sorted_lengths[idx], 1), q, color="#1f77b4")
@@ -137,12 +136,13 @@ def dropped_vs_max_length(rows: list[dict], num_samples: int, budget: float, ove
     fig.savefig(path)
 
 
-def write_figures(out: Path, lengths: np.ndarray, stats: dict, rows: list[dict], padding: list[dict],
+def write_figures(out: Path, sorted_lengths: np.ndarray, stats: dict, rows: list[dict], padding: list[dict],
                   recommendations: dict, *, target: float, budget: float, overlong: str) -> list[str]:
-    """Writes the three figures under ``out`` and returns their paths relative to ``out``."""
+    """Writes the three figures under ``out`` and returns their paths relative to ``out``.
+    ``sorted_lengths``: the lengths in ascending order (for the CDF)."""
     (out / "figures").mkdir(parents=True, exist_ok=True)
     rec = recommendations.get("recommended")
-    length_distribution(lengths, stats, rec["max_length"] if rec else None, out / FIGURES["length_distribution"])
+    length_distribution(sorted_lengths, stats, rec["max_length"] if rec else None, out / FIGURES["length_distribution"])
     efficiency_vs_max_length(rows, padding, target, rec, out / FIGURES["efficiency"])
     dropped_vs_max_length(rows, stats["count"], budget, overlong, rec, out / FIGURES["dropped"])
     return list(FIGURES.values())

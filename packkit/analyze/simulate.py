@@ -123,22 +123,31 @@ def simulate(lengths: np.ndarray, max_lengths: list[int], algorithms: list[str],
     return rows
 
 
-def padding_baseline(lengths: np.ndarray, max_lengths: list[int], micro_batch_size: int, seed: int = 0) -> list[dict]:
+def padding_baseline(lengths: np.ndarray, max_lengths: list[int], micro_batch_size: int, seed: int = 0,
+                     sorted_lengths: np.ndarray | None = None) -> list[dict]:
     """Padding without packing, per max length: every sample kept (truncated to the max length), shuffled
     with ``seed``, micro-batches of ``micro_batch_size`` padded to their longest sample (dynamic padding,
-    as ``DataCollatorWithPadding``). ``efficiency`` = real tokens / padded token slots."""
+    as ``DataCollatorWithPadding``). ``efficiency`` = real tokens / padded token slots.
+
+    One shuffle and one pass for the micro-batch maxima serve every max length (the longest clipped
+    sample of a batch is min(longest, max length)); real tokens come from the sorted lengths."""
     n = int(lengths.size)
-    shuffled = lengths[np.random.default_rng(seed).permutation(n)]
+    shuffled = np.array(lengths, dtype=np.int64, copy=True)
+    np.random.default_rng(seed).shuffle(shuffled)
     full = n // micro_batch_size * micro_batch_size
+    batch_max = shuffled[:full].reshape(-1, micro_batch_size).max(axis=1)
+    tail_max = int(shuffled[full:].max()) if full < n else 0
+    del shuffled
+    if sorted_lengths is None:
+        sorted_lengths = np.sort(lengths)
+    prefix = np.concatenate(([0], np.cumsum(sorted_lengths)))
     rows = []
     for capacity in max_lengths:
-        clipped = np.minimum(shuffled, capacity)
-        slots = int(clipped[:full].reshape(-1, micro_batch_size).max(axis=1).sum()) * micro_batch_size
-        if full < n:
-            slots += int(clipped[full:].max()) * (n - full)
-        tokens = int(clipped.sum())
+        slots = int(np.minimum(batch_max, capacity).sum()) * micro_batch_size + min(tail_max, capacity) * (n - full)
+        below = int(np.searchsorted(sorted_lengths, capacity, side="right"))  # samples <= capacity
+        tokens = int(prefix[below]) + capacity * (n - below)
         rows.append({"max_length": int(capacity), "micro_batch_size": micro_batch_size,
                      "rows": n, "token_slots": slots, "tokens": tokens,
                      "efficiency": tokens / slots if slots else 1.0,
-                     "truncated": int(np.count_nonzero(lengths > capacity))})
+                     "truncated": n - below})
     return rows
