@@ -318,3 +318,26 @@ def unpack_sequences(packed: torch.Tensor, info: PackInfo, *, padded: bool = Fal
                                            info.cu_seg, shape.flat, len(info.lengths), max_len, float(pad_value))
     return _op("unpack", which)(packed.contiguous(), info.src_offsets, info.seg_seq, info.seg_start,
                                 info.cu_seqlens, info.cu_seg, shape.flat, int(info.lengths.sum()), float(pad_value))
+
+
+def pack_on_device(input_ids: torch.Tensor, lengths: torch.Tensor, capacity: int, *, labels=None,
+                   algorithm: str = "obfd", overlong: str = "error", layout: str = "padded", **options):
+    """Pack sequences that already live on the GPU (e.g. RL rollouts): flat ``input_ids`` + ``lengths``.
+
+    Host synchronisations: exactly **one** — the device-to-host copy of ``lengths`` (``n`` int64s)
+    that planning needs. The plan then goes host-to-device from pinned memory without blocking and
+    the pack kernels run on the current stream; tokens never leave the device. Pass ``lengths`` as a
+    host array/list instead (if you already have them there) for zero synchronisations.
+
+    Returns ``(batch, info)`` like ``pack_sequences(..., return_info=True)``; use
+    :func:`unpack_sequences` with ``info`` to bring per-token outputs (log-probs) back per sequence.
+    Other keyword options are those of :func:`pack_sequences`.
+    """
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1:
+        raise TypeError("input_ids must be a flat 1-D tensor of all sequences' tokens")
+    if isinstance(lengths, torch.Tensor):
+        if lengths.dim() != 1 or lengths.dtype.is_floating_point:
+            raise TypeError("lengths must be a 1-D integer tensor")
+        lengths = lengths.to("cpu", torch.int64).numpy()  # the one synchronisation
+    return pack_sequences(input_ids, lengths, labels=labels, capacity=capacity, algorithm=algorithm,
+                          overlong=overlong, layout=layout, return_info=True, **options)

@@ -168,3 +168,29 @@ def test_empty_and_zero_length_sequences():
     assert batch["input_ids"].tolist() == [[5, 6]] and batch["cu_seq_lens_q"].tolist() == [0, 2]
     empty = packkit.pack_sequences([[], []])
     assert empty["input_ids"].shape == (1, 0) and empty["cu_seq_lens_q"].tolist() == [0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pack_on_device_round_trip(device):
+    seqs = random_sequences(13, n=40, max_len=90)
+    lengths = torch.tensor([len(s) for s in seqs], device=device)
+    flat = torch.tensor([t for s in seqs for t in s], device=device)
+    batch, info = packkit.pack_on_device(flat, lengths, 128, overlong="split")
+    assert batch["input_ids"].device.type == device
+    assert torch.equal(packkit.unpack_sequences(batch["input_ids"], info), flat)
+    assert int(batch["cu_seq_lens_q"][-1]) == batch["input_ids"].numel()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_device_packing_with_host_lengths_never_synchronises():
+    seqs = random_sequences(14, n=64, max_len=300)
+    lengths = np.array([len(s) for s in seqs])
+    flat = torch.tensor([t for s in seqs for t in s], device="cuda")
+    packkit.pack_on_device(flat, lengths, 1024)  # warm up (allocator, module loading)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        batch, _ = packkit.pack_on_device(flat, lengths, 1024)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert batch["input_ids"].is_cuda
