@@ -6,8 +6,8 @@ batch with HF key names, and ``packkit.unpack_sequences`` brings per-token outpu
 """
 from . import ops  # registers torch.ops.packkit.*
 from .collator import PackingCollator, document_causal_block_mask
-from .packing import LAYOUTS, PackInfo, PackLayout, pack_layout, pack_on_device, pack_sequences,
-                      unpack_sequences
+from .packing import (LAYOUTS, PackInfo, PackLayout, pack_layout, pack_on_device, pack_sequences,
+                      unpack_sequences)
 from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, Segments, plan
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences", "pack_on_device",
