@@ -116,6 +116,10 @@ def test_jsonl_fast_path_and_python_reader_agree(tmp_path, recs):
     slow = read_lengths(odd, LengthSpec(count_fields=("num_tokens",)), progress=False)
     assert slow.info["reader"] == "python"
     np.testing.assert_array_equal(fast.lengths, slow.lengths)
+    gz = read_lengths(write("jsonl.gz", recs, tmp_path / "gz"), LengthSpec(count_fields=("num_tokens",)),
+                      progress=False)
+    assert gz.info["reader"] == "pyarrow"
+    np.testing.assert_array_equal(gz.lengths, fast.lengths)
 
 
 def test_json_layouts(tmp_path, recs):
@@ -142,7 +146,7 @@ def test_dataset_dict_split(tmp_path, recs):
 
 
 @pytest.mark.parametrize("fmt,source", [("jsonl", "sum"), ("json", "count"), ("parquet", "ids"), ("arrow", "count"),
-                                        ("hf", "text"), ("jsonl.gz", "nested")])
+                                        ("arrow-stream", "sum"), ("hf", "text"), ("jsonl.gz", "nested")])
 def test_cli_end_to_end(files, recs, tokenizer, tmp_path, capsys, fmt, source):
     out = tmp_path / "out"
     code, stdout, stderr = run_cli(["analyze", files[fmt], "-o", out, *source_args(source, tokenizer),

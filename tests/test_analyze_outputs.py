@@ -174,6 +174,9 @@ def test_rerun_replaces_outputs_and_removes_stale_ones(tmp_path, capsys):
                                                      "packing_simulations.json", "recommendations.json", "report.md"]
     assert _load(out, "dataset_stats.json")["count"] == 99
     np.testing.assert_array_equal(np.load(out / "lengths.npy"), np.arange(1, 100))
+    code, stdout, err = run_cli(["analyze", out / "lengths.npy", "-o", tmp_path / "again", "--no-figures", "--json"],
+                                capsys)  # the saved lengths are an input again
+    assert code == 0 and json.loads(stdout)["stats"]["total_tokens"] == sum(range(1, 100)), err
     assert no_partial_outputs(tmp_path)
 
 

@@ -238,6 +238,7 @@ class RecordSource:
     def __init__(self, path: Path, fmt: str):
         self.path, self.format = path, fmt
         self.num_rows: int | None = None
+        self._json_rows: list | None = None  # a JSON document is parsed once
 
     def first_record(self) -> dict | None:
         for chunk in self.chunks(limit=1, progress=False, desc=""):
@@ -281,15 +282,17 @@ class RecordSource:
 
     def _json_chunks(self, limit, progress, desc) -> Iterator[Chunk]:
         path = self.path
-        with _open_binary(path) as f:
-            data = f.read()
-        try:
-            top = json.loads(data)
-        except UnicodeDecodeError as e:
-            raise AnalyzeError(f"not valid UTF-8 ({e.reason} at byte {e.start})", path) from None
-        except json.JSONDecodeError as e:
-            raise AnalyzeError(f"malformed JSON: {e.msg} (column {e.colno})", path, f"line {e.lineno}") from None
-        rows = _json_rows(top, path)
+        if self._json_rows is None:
+            with _open_binary(path) as f:
+                data = f.read()
+            try:
+                top = json.loads(data)
+            except UnicodeDecodeError as e:
+                raise AnalyzeError(f"not valid UTF-8 ({e.reason} at byte {e.start})", path) from None
+            except json.JSONDecodeError as e:
+                raise AnalyzeError(f"malformed JSON: {e.msg} (column {e.colno})", path, f"line {e.lineno}") from None
+            self._json_rows = _json_rows(top, path)
+        rows = self._json_rows
         self.num_rows = len(rows)
         if limit is not None:
             rows = rows[:limit]
