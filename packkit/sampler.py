@@ -1,0 +1,401 @@
+"""``packkit.PackedBatchSampler``: a ``batch_sampler`` that packs a map-style dataset for data parallelism.
+
+Each epoch is planned as a whole with :func:`packkit.plan` (``ogbfd`` by default, ``dp_size =
+world_size``), from the dataset's lengths in a seeded per-epoch permutation. Every rank computes the
+same plan from the same inputs (no communication) and yields its own rows: one yielded item is the
+list of dataset indices packed into one row of ``capacity`` tokens, for
+
+    DataLoader(dataset, batch_sampler=sampler, collate_fn=packkit.PackingCollator(capacity, layout="padded"))
+
+Guarantees, per epoch: every rank yields the same number of steps; with ``drop_last=False`` every
+sample with ``1 <= length <= capacity`` (and, with ``overlong="truncate"``, every longer one) is
+yielded exactly once over all ranks; a rank whose row at the last step is empty yields ``[]`` (the
+collator turns it into a row of pure padding), so no rank skips a collective. Per-step rank costs
+are balanced by the planner under ``cost``.
+"""
+from __future__ import annotations
+
+import hashlib
+import numbers
+from collections.abc import Mapping
+from typing import Callable, Iterator, Optional, Union
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from .planning import ALGORITHMS, CostSpec, Plan, _cost_model, as_lengths, plan as make_plan
+
+SAMPLER_OVERLONG = ("error", "drop", "truncate")
+STATE_VERSION = 1
+
+
+def _int_arg(value, name: str) -> int:
+    """A Python int from an int-like (numpy ints, 0-d integer tensors); bools and floats are refused."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
+            and value.dtype != torch.bool:
+        value = int(value.item())
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def _cost_tag(cost) -> str:
+    if isinstance(cost, str):
+        return cost
+    if isinstance(cost, (tuple, list)):
+        return f"({float(cost[0])!r}, {float(cost[1])!r})"
+    return f"callable:{getattr(cost, '__module__', '?')}.{getattr(cost, '__qualname__', type(cost).__name__)}"
+
+
+def _dist_rank_world(group) -> Optional[tuple[int, int]]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    if group is not None:
+        raise ValueError("group was given but torch.distributed is not initialised")
+    return None
+
+
+class _Epoch:
+    """Everything derived from (lengths, config, epoch); identical on every rank."""
+
+    def __init__(self, epoch: int, permutation: np.ndarray, plan: Plan, step_order: np.ndarray,
+                 dropped_last: np.ndarray):
+        self.epoch = epoch
+        self.permutation = permutation  # position in the planned order -> dataset index
+        self.plan = plan  # indices in plan.bins are positions in ``permutation``
+        self.step_order = step_order  # yielded step k is plan step step_order[k]
+        self.dropped_last = dropped_last
+        self.rank_costs = plan.rank_costs[step_order]  # [steps, world_size], yielded order
+
+    def row(self, step: int, rank: int) -> list[int]:
+        """Dataset indices of ``rank``'s row at yielded step ``step``."""
+        b = int(self.step_order[step]) * self.plan.dp_size + rank
+        return self.permutation[self.plan.bins[b]].tolist()
+
+
+class PackedBatchSampler(Sampler[list[int]]):
+    """Packs a map-style dataset into rows of ``capacity`` tokens, balanced across data-parallel ranks.
+
+    Args:
+        lengths: token count of every dataset item (list, tuple, numpy integer array or 1-D integer
+            tensor), in dataset index order. :meth:`from_dataset` reads them from a dataset.
+        capacity: tokens per row.
+        rank, world_size: this process's data-parallel rank and the number of data-parallel ranks.
+            Default: from ``torch.distributed`` (``group``, default the world) when initialised,
+            else 0 and 1. With tensor/pipeline parallelism pass the *data-parallel* rank and size
+            (or the data-parallel ``group``): ranks of one model replica must get the same rows.
+        group: process group to read rank/world_size from (ignored when both are given).
+        shuffle: per-epoch permutation of the dataset from ``np.random.default_rng((seed, epoch))``
+            (changes which equal-length samples share rows) and a permutation of the order of steps
+            (the planner emits steps sorted by cost, so without it an epoch runs its longest
+            sequences first). The incomplete last step, if any, stays last. ``shuffle=False``:
+            dataset index order and the planner's step order.
+        seed: shuffle seed; must be the same on every rank.
+        drop_last: ``False`` (default): every sample is used exactly once; a rank with no row at
+            the last step yields ``[]``. ``True``: the last step is dropped if any rank's row in it
+            is empty (its samples are listed in :attr:`dropped_last`).
+        algorithm: planner algorithm (``"ogbfd"``, the only one that balances ranks, by default).
+        cost: cost model the per-step rank costs are balanced under (see :func:`packkit.plan`).
+        overlong: samples longer than ``capacity``: ``"error"`` (ValueError at construction),
+            ``"drop"`` (never yielded; :attr:`dropped`) or ``"truncate"`` (yielded and planned as
+            ``capacity`` tokens; the collator must truncate them, e.g.
+            ``PackingCollator(capacity, overlong="truncate")``; :attr:`truncated`). ``"split"`` is
+            refused: a sampler yields whole samples.
+
+    Zero-length samples hold no tokens, are planned into no row and are never yielded
+    (:attr:`zero_length`).
+    """
+
+    def __init__(self, lengths, capacity: int, *, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 group=None, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 algorithm: str = "ogbfd", cost: CostSpec = "attention", overlong: str = "error"):
+        self.lengths = as_lengths(lengths).copy()
+        self.lengths.flags.writeable = False
+        if (self.lengths < 0).any():
+            i = int(np.flatnonzero(self.lengths < 0)[0])
+            raise ValueError(f"lengths must be >= 0; index {i} is {int(self.lengths[i])}")
+        self.capacity = _int_arg(capacity, "capacity")
+        if self.capacity <= 0:
+            raise ValueError(f"capacity must be a positive int, got {self.capacity}")
+        self.rank, self.world_size = self._resolve_rank(rank, world_size, group)
+        for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        self.seed = _int_arg(seed, "seed")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0 (numpy SeedSequence), got {self.seed}")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
+        self.algorithm = algorithm
+        if overlong == "split":
+            raise ValueError("overlong='split' is not supported by PackedBatchSampler: it yields whole samples, "
+                             f"so a split sample would appear in several rows; allowed: {', '.join(SAMPLER_OVERLONG)}")
+        if overlong not in SAMPLER_OVERLONG:
+            raise ValueError(f"unknown overlong policy {overlong!r}; allowed: {', '.join(SAMPLER_OVERLONG)}")
+        self.overlong = overlong
+        _cost_model(cost)  # validates now rather than at the first plan
+        self.cost = cost
+        over = np.flatnonzero(self.lengths > self.capacity)
+        if overlong == "error" and len(over):
+            i = int(over[0])
+            raise ValueError(f"{len(over)} samples are longer than capacity {self.capacity} (first: index {i}, "
+                             f"{int(self.lengths[i])} tokens); pass overlong='drop' or 'truncate'")
+        self.dropped = over if overlong == "drop" else np.zeros(0, np.int64)
+        self.truncated = over if overlong == "truncate" else np.zeros(0, np.int64)
+        self.zero_length = np.flatnonzero(self.lengths == 0)
+        self._lengths_digest = hashlib.blake2b(self.lengths.tobytes(), digest_size=16).hexdigest()
+        self.epoch = 0
+        self._epoch_data: Optional[_Epoch] = None
+        self._steps_done = 0
+        self._resume_from: Optional[int] = None
+
+    # -- construction helpers --------------------------------------------------------------------
+    @staticmethod
+    def _resolve_rank(rank, world_size, group) -> tuple[int, int]:
+        if rank is None or world_size is None:
+            from_dist = _dist_rank_world(group)
+            if from_dist is not None:
+                rank = from_dist[0] if rank is None else rank
+                world_size = from_dist[1] if world_size is None else world_size
+            elif world_size is None and rank is None:
+                rank, world_size = 0, 1
+            elif world_size is None:
+                raise ValueError(f"rank={rank!r} was given without world_size and torch.distributed is not "
+                                 "initialised; pass both")
+            elif _int_arg(world_size, "world_size") == 1:
+                rank = 0
+            else:
+                raise ValueError(f"world_size={world_size!r} was given without rank and torch.distributed is not "
+                                 "initialised; pass both")
+        rank, world_size = _int_arg(rank, "rank"), _int_arg(world_size, "world_size")
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}) for world_size={world_size}, got {rank}")
+        return rank, world_size
+
+    @classmethod
+    def from_dataset(cls, dataset, capacity: int, *, length_key: Union[str, Callable] = "input_ids",
+                     **kwargs) -> "PackedBatchSampler":
+        """Reads the lengths from a map-style dataset, then as the constructor (keyword arguments).
+
+        ``length_key``: a callable mapping an item to its length, or a key whose value is the
+        length (an int) or a sequence whose ``len`` is. A Hugging Face ``datasets.Dataset`` column of
+        that name is read in one go. This touches every item once; precompute a length column for
+        large datasets.
+        """
+        def length_of(value, where):
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                return int(value)
+            if isinstance(value, torch.Tensor) and value.dim() == 0:
+                return _int_arg(value, where)
+            try:
+                return len(value)
+            except TypeError:
+                raise TypeError(f"{where}: expected a length (int) or a sequence, got {type(value).__name__}") from None
+
+        if callable(length_key):
+            values = [length_key(dataset[i]) for i in range(len(dataset))]
+            lengths = [length_of(v, f"length_key(dataset[{i}])") for i, v in enumerate(values)]
+        elif isinstance(length_key, str):
+            if length_key in (getattr(dataset, "column_names", None) or ()):
+                column = dataset[length_key]
+                lengths = [length_of(v, f"dataset[{length_key!r}][{i}]") for i, v in enumerate(column)]
+            else:
+                lengths = []
+                for i in range(len(dataset)):
+                    item = dataset[i]
+                    if not isinstance(item, Mapping) or length_key not in item:
+                        raise ValueError(f"dataset[{i}] has no {length_key!r} key; pass length_key= a key or a callable")
+                    lengths.append(length_of(item[length_key], f"dataset[{i}][{length_key!r}]"))
+        else:
+            raise TypeError(f"length_key must be a str or a callable, got {type(length_key).__name__}")
+        return cls(np.asarray(lengths, dtype=np.int64), capacity, **kwargs)
+
+    # -- epochs ----------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch's permutation. A pending resume (from :meth:`load_state_dict`) is kept
+        only if ``epoch`` is the resumed epoch."""
+        epoch = _int_arg(epoch, "epoch")
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self.epoch:
+            self._resume_from = None
+            self._steps_done = 0
+        self.epoch = epoch
+
+    def _data(self) -> _Epoch:
+        if self._epoch_data is not None and self._epoch_data.epoch == self.epoch:
+            return self._epoch_data
+        n = len(self.lengths)
+        rng = np.random.default_rng((self.seed, self.epoch))
+        permutation = rng.permutation(n).astype(np.int64) if self.shuffle else np.arange(n, dtype=np.int64)
+        plan = make_plan(self.lengths[permutation], self.capacity, algorithm=self.algorithm,
+                         dp_size=self.world_size, cost=self.cost, overlong=self.overlong)
+        steps = plan.num_steps
+        # The planner puts empty rows only in its last step; that step stays last.
+        incomplete = steps > 0 and plan.empty_bins > 0
+        full = steps - 1 if incomplete else steps
+        order = rng.permutation(full).astype(np.int64) if self.shuffle else np.arange(full, dtype=np.int64)
+        dropped_last = np.zeros(0, np.int64)
+        if incomplete:
+            if self.drop_last:
+                last = plan.segments.seq_index[plan.segments.bin_offsets[full * self.world_size]:]
+                dropped_last = np.sort(permutation[last])
+            else:
+                order = np.append(order, full)
+        self._epoch_data = _Epoch(self.epoch, permutation, plan, order, dropped_last)
+        return self._epoch_data
+
+    def __len__(self) -> int:
+        """Steps (rows per rank) in the current epoch; the same on every rank."""
+        return len(self._data().step_order)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        data = self._data()
+        start = self._resume_from if self._resume_from is not None else 0
+        self._resume_from = None
+        self._steps_done = start
+        return self._rows(data, start)
+
+    def _rows(self, data: _Epoch, start: int) -> Iterator[list[int]]:
+        for step in range(start, len(data.step_order)):
+            self._steps_done = step + 1  # counted when handed out, so state_dict() includes this row
+            yield data.row(step, self.rank)
+
+    def batches(self, rank: Optional[int] = None) -> list[list[int]]:
+        """All of ``rank``'s rows (default this rank) for the current epoch, in yielded order."""
+        rank = self.rank if rank is None else _int_arg(rank, "rank")
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
+        data = self._data()
+        return [data.row(step, rank) for step in range(len(data.step_order))]
+
+    # -- plan figures ----------------------------------------------------------------------------
+    @property
+    def num_steps(self) -> int:
+        return len(self)
+
+    @property
+    def plan(self) -> Plan:
+        """The current epoch's :class:`~packkit.Plan`. Its indices are positions in
+        :attr:`permutation` (``sampler.permutation[i]`` is the dataset index) and its steps are in
+        planner order (yielded step ``k`` is plan step ``sampler.step_order[k]``)."""
+        return self._data().plan
+
+    @property
+    def permutation(self) -> np.ndarray:
+        return self._data().permutation
+
+    @property
+    def step_order(self) -> np.ndarray:
+        return self._data().step_order
+
+    @property
+    def dropped_last(self) -> np.ndarray:
+        """Dataset indices in the last step dropped by ``drop_last=True`` this epoch (sorted)."""
+        return self._data().dropped_last
+
+    @property
+    def rank_costs(self) -> np.ndarray:
+        """float64 ``[num_steps, world_size]``: each rank's row cost at each yielded step."""
+        return self._data().rank_costs
+
+    @property
+    def balance(self) -> float:
+        """Sum over steps of the slowest rank's cost / sum of the step means (>= 1; 1 is perfect)."""
+        costs = self.rank_costs
+        mean_total = float(costs.mean(axis=1).sum()) if len(costs) else 0.0
+        return float(costs.max(axis=1).sum()) / mean_total if mean_total > 0 else 1.0
+
+    @property
+    def rank_balance(self) -> float:
+        """max / mean of the ranks' total costs over the epoch (>= 1)."""
+        totals = self.rank_costs.sum(axis=0)
+        return float(totals.max() / totals.mean()) if len(self.rank_costs) and totals.mean() > 0 else 1.0
+
+    # -- resume ----------------------------------------------------------------------------------
+    def _fingerprint(self) -> dict:
+        return {"capacity": self.capacity, "world_size": self.world_size, "num_samples": len(self.lengths),
+                "lengths_digest": self._lengths_digest, "algorithm": self.algorithm, "cost": _cost_tag(self.cost),
+                "overlong": self.overlong, "shuffle": self.shuffle, "drop_last": self.drop_last}
+
+    def state_dict(self, steps_done: Optional[int] = None) -> dict:
+        """``{"version", "epoch", "seed", "steps_done", "config"}``: the same on every rank.
+
+        ``steps_done`` defaults to the rows this sampler has handed out in the current epoch. A
+        DataLoader fetches ahead of training (``prefetch_factor * num_workers`` batches, or one with
+        no workers), so pass the number of steps your loop actually consumed.
+        """
+        if steps_done is None:
+            steps_done = self._resume_from if self._resume_from is not None else self._steps_done
+        steps_done = _int_arg(steps_done, "steps_done")
+        if not 0 <= steps_done <= len(self):
+            raise ValueError(f"steps_done must be in [0, {len(self)}] (steps in epoch {self.epoch}), got {steps_done}")
+        return {"version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed, "steps_done": steps_done,
+                "config": self._fingerprint()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores the epoch; the next ``__iter__`` starts right after ``steps_done`` rows.
+
+        Raises ValueError if the state was saved with a different configuration (capacity,
+        world_size, lengths, algorithm, cost, overlong, shuffle, drop_last, seed).
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        missing = [k for k in ("version", "epoch", "seed", "steps_done", "config") if k not in state]
+        if missing:
+            raise ValueError(f"state is missing {missing}; expected a dict from PackedBatchSampler.state_dict()")
+        if state["version"] != STATE_VERSION:
+            raise ValueError(f"unsupported state version {state['version']!r} (this packkit reads {STATE_VERSION})")
+        mine = self._fingerprint()
+        theirs = dict(state["config"])
+        diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]}
+        if _int_arg(state["seed"], "seed") != self.seed:
+            diff["seed"] = (state["seed"], self.seed)
+        if diff:
+            detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(f"state does not match this sampler ({detail})")
+        epoch = _int_arg(state["epoch"], "epoch")
+        steps_done = _int_arg(state["steps_done"], "steps_done")
+        self.set_epoch(epoch)
+        if not 0 <= steps_done <= len(self):
+            raise ValueError(f"steps_done must be in [0, {len(self)}], got {steps_done}")
+        self._resume_from = steps_done
+        self._steps_done = steps_done
+
+    # -- multi-process check -----------------------------------------------------------------------
+    def plan_digest(self) -> str:
+        """Hash of the current epoch's rows on every rank (configuration, epoch and layout)."""
+        data = self._data()
+        h = hashlib.blake2b(digest_size=16)
+        h.update(repr(sorted(self._fingerprint().items())).encode())
+        h.update(repr((self.epoch, self.seed)).encode())
+        for array in (data.permutation, data.step_order, data.plan.segments.seq_index, data.plan.segments.bin_offsets):
+            h.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
+        return h.hexdigest()
+
+    def verify(self, group=None) -> None:
+        """Collective: checks that every rank of ``group`` has the same plan for the current epoch
+        and a distinct rank (RuntimeError otherwise). Call it on every rank, e.g. once after
+        construction; it needs an initialised ``torch.distributed``."""
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("verify() needs an initialised torch.distributed process group")
+        gathered = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, (self.rank, self.world_size, self.epoch, self.plan_digest()), group=group)
+        ranks = sorted(g[0] for g in gathered)
+        if ranks != list(range(self.world_size)) or len(gathered) != self.world_size:
+            raise RuntimeError(f"PackedBatchSampler ranks {ranks} over {len(gathered)} processes do not cover "
+                               f"world_size={self.world_size} exactly once")
+        if len({g[1:] for g in gathered}) != 1:
+            raise RuntimeError("PackedBatchSampler plans differ across ranks (different lengths, config, seed or "
+                               f"epoch): {gathered}")
+
+    def __repr__(self) -> str:
+        return (f"PackedBatchSampler(samples={len(self.lengths)}, capacity={self.capacity}, rank={self.rank}, "
+                f"world_size={self.world_size}, epoch={self.epoch}, algorithm={self.algorithm!r}, "
+                f"shuffle={self.shuffle}, drop_last={self.drop_last})")
