@@ -5,7 +5,8 @@ numerics but never type-checks the kernels the way the compiler does.
 Run in a process WITHOUT TRITON_INTERPRET (tests/test_triton_interpreted.py does). Each launch the ops
 make is intercepted: its arguments are specialised exactly as ``JITFunction.run`` would (ints equal
 to 1 become constexprs, alignment attributes, ...) and the kernel is compiled instead of run.
-Prints one line per distinct compiled specialisation and "COMPILED <n>" at the end.
+Prints one line per distinct compiled specialisation and "COMPILED <n>"; then checks the fake impls
+and AOT autograd's decomposition of every op into its kernel launches ("TRACED <n> ...").
 """
 from __future__ import annotations
 
@@ -85,7 +86,68 @@ def main() -> int:
             P.pack_batch(ids, labels, offs, seg_seq, seg_start, seg_length, torch.tensor([0, 2, 3], **i64), 2, 8,
                          False, 4, **kw)
     print(f"COMPILED {len(_seen)}")
+    trace_checks()
     return 0
+
+
+class _StopAfterTrace(Exception):
+    pass
+
+
+def trace_checks() -> None:
+    """What torch.compile relies on, checked without running a kernel: the ops' fake impls (the
+    functions themselves under FakeTensorMode: shapes, dtypes, pad bit patterns made outside the fake
+    mode) and AOT autograd's functional decomposition into triton_kernel_wrapper_functional nodes."""
+    import logging
+
+    from torch._functorch.aot_autograd import aot_function
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").setLevel(logging.ERROR)
+    P.wrap_triton = torch.library.wrap_triton
+    i64, i32 = dict(dtype=torch.int64), dict(dtype=torch.int32)
+    args = dict(offs=torch.tensor([0, 3, 9], **i64), seg_seq=torch.tensor([0, 1, 1], **i64),
+                seg_start=torch.tensor([0, 0, 2], **i64), seg_length=torch.tensor([3, 2, 4], **i64),
+                bins=torch.tensor([0, 2, 3], **i64), cu=torch.tensor([0, 3, 5, 8], **i32),
+                cu_seg=torch.tensor([0, 1, -1], **i32), src=torch.zeros(9, 2, dtype=torch.bfloat16),
+                ids=torch.zeros(9, dtype=torch.int32))
+
+    def ops(a):
+        ids, labels, pos, seq_idx, cu = P.pack_batch(a["ids"], None, a["offs"], a["seg_seq"], a["seg_start"],
+                                                     a["seg_length"], a["bins"], 2, 8, False, 4)
+        lay = P.layout(a["seg_length"], a["bins"], 1, 12, True, 4)
+        packed = P.pack(a["src"], a["offs"], a["seg_seq"], a["seg_start"], a["cu"], a["cu_seg"], 2, 4, False, -0.0,
+                        None)
+        back = P.unpack(packed, a["offs"], a["seg_seq"], a["seg_start"], a["cu"], a["cu_seg"], False, 9, 1.5)
+        padded = P.unpack_padded(packed, a["seg_seq"], a["seg_start"], a["cu"], a["cu_seg"], False, 2, 6, 1.5)
+        return ids, labels, pos, seq_idx, cu, *lay, packed, back, padded
+
+    with FakeTensorMode() as mode:
+        out = ops({k: mode.from_tensor(v) for k, v in args.items()})
+    got = [(tuple(t.shape), t.dtype) for t in out]
+    want = [((2, 8), torch.int32), ((2, 8), torch.int32), ((2, 8), torch.int64), ((2, 8), torch.int32),
+            ((4,), torch.int32), ((4,), torch.int32), ((3,), torch.int32), ((2, 4, 2), torch.bfloat16),
+            ((9, 2), torch.bfloat16), ((2, 6, 2), torch.bfloat16)]
+    assert got == want, got
+
+    graphs = []
+
+    def compiler(gm, _):
+        graphs.append(gm)
+        raise _StopAfterTrace
+
+    names = list(args)
+    try:
+        aot_function(lambda *xs: ops(dict(zip(names, xs))), fw_compiler=compiler)(*args.values())
+    except _StopAfterTrace:
+        pass
+    assert graphs, "AOT autograd produced no graph"
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    launches = targets.count("triton_kernel_wrapper_functional")
+    # pack_batch 2 + layout 1 + pack 1 + unpack 2 + unpack_padded 2
+    assert launches == 8, targets
+    assert not any("packkit" in t for t in targets), targets
+    print(f"TRACED {launches} kernel launches")
 
 
 if __name__ == "__main__":
