@@ -131,6 +131,8 @@ class PackingCollator:
             plan = make_plan(lengths, self.capacity, algorithm="nf", overlong=self.overlong) if self.capacity else None
             kept = plan.kept_tokens if plan is not None else int(lengths.sum())
             row_len = _round_up(kept, self.pad_to_multiple_of) if self.pad_to_multiple_of else None
+            if kept == 0 and self.capacity:  # e.g. a sampler's empty last-step row: one padding row, not [1, 0]
+                row_len = self.capacity
             batch, info = pack_sequences(flat_ids, lengths, labels=flat_labels, plan=plan, layout="flat", row_len=row_len,
                                          pad_token_id=self.pad_token_id, ignore_index=self.ignore_index,
                                          mask_first_label=mask_first, position_ids_start=self.position_ids_start,

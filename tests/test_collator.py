@@ -72,6 +72,8 @@ def test_empty_batch_gives_padding_rows():
     batch = PackingCollator(16, layout="padded", num_rows=2, return_num_items=True)([])
     assert batch["input_ids"].shape == (2, 16) and int(batch["num_items_in_batch"]) == 0
     assert (batch["labels"] == -100).all()
+    flat = PackingCollator(16)([])
+    assert flat["input_ids"].shape == (1, 16) and flat["cu_seq_lens_q"].tolist() == [0, 16]
 
 
 def test_overlong_policies():
