@@ -2,13 +2,13 @@
 
 Run from the repository root::
 
-    python benchmarks/bench_analyze.py                      # 10M lengths, Parquet and text, 3 repeats
+    python benchmarks/bench_analyze.py                      # 10M lengths, Parquet, text, JSONL; 3 repeats
     python benchmarks/bench_analyze.py --quick              # smoke run: 1M lengths, 1 repeat
-    python benchmarks/bench_analyze.py --formats parquet,text,jsonl --repeats 5 --out /tmp/analyze_cpu.json
+    python benchmarks/bench_analyze.py --formats parquet --repeats 5 --out /tmp/analyze_cpu.json
 
 Input: 10M lengths from the seed-001 lognormal (median 864, sigma 0.932, seed 1; lengths >= 1),
 written once before timing as a Parquet file (one int64 column ``num_tokens``), a text file (one length
-per line) and, with ``jsonl`` in ``--formats``, JSON Lines (``{"id": i, "num_tokens": n}``).
+per line) and JSON Lines (``{"id": i, "num_tokens": n}``), as ``--formats`` selects.
 Each repeat runs the real command in a fresh process::
 
     python -m packkit analyze FILE -o OUT --max-lengths 2048,4096,8192,12000,16384,20000,24000,32768,65536,131072
@@ -109,7 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=None, help="lengths (default 10M, 1M with --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per format (default 3, 1 with --quick)")
-    parser.add_argument("--formats", default="parquet,text", help="comma-separated: parquet, text, jsonl")
+    parser.add_argument("--formats", default="parquet,text,jsonl", help="comma-separated: parquet, text, jsonl")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1M lengths, 1 repeat")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "analyze_cpu.json")
     args = parser.parse_args()
@@ -121,6 +121,7 @@ def main() -> None:
     print(f"packkit {info['packkit']} | python {info['python']} | numpy {info['numpy']} | torch {info['torch']} | "
           f"pyarrow {info['pyarrow']} | {info['processor'] or info['machine']}, {info['cpu_count']} CPUs | "
           f"{n:,} lengths | {len(SWEEP)}-point sweep, obfd | repeats {repeats}{' | quick' if args.quick else ''}")
+    load_start = os.getloadavg()
     lengths = make_lengths(n)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_analyze_") as tmp:
@@ -146,7 +147,9 @@ def main() -> None:
         print(f"| {r['format']} | {r['file_mb']:.0f} | {r['wall_s']:.2f} | {r['read_s']:.2f} | {r['stats_s']:.2f} | "
               f"{r['simulate_s']:.2f} | {r['figures_s']:.2f} | {r['write_s']:.2f} | {r['total_s']:.2f} | "
               f"{r['efficiency_at_20000']:.4%} |")
-    print("\nend to end = fresh `python -m packkit analyze` process, start to exit (median); phases from its --json timings")
+    print(f"\nload average (1 min) {load_start[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end (2 cores: > 1 means "
+          "other work shared the machine)")
+    print("end to end = fresh `python -m packkit analyze` process, start to exit (median); phases from its --json timings")
     targets = []
     for r in rows:
         ok = r["wall_s"] <= TARGET_S if n >= 10_000_000 else None
@@ -158,6 +161,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"machine": info, "samples": n, "repeats": repeats, "quick": args.quick, "sweep": SWEEP,
            "algorithms": ["obfd"], "profile": "lognormal median 864 sigma 0.932 seed 1, lengths >= 1",
+           "load_average_1m": {"start": load_start[0], "end": os.getloadavg()[0]},
            "rows": rows, "targets": targets}
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nwrote {args.out}")

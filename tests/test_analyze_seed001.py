@@ -17,6 +17,7 @@ SEED_001 = {"samples": 99_388, "mean": 1333.7, "median": 864.0, "p95": 3668.6, "
 
 
 def test_seed_001_reproduced_and_beaten(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
     lengths = demo_lengths()
     data = write_lengths_text(lengths, tmp_path / "seed001_lengths.txt")
     out = tmp_path / "seed001"
