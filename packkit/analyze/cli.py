@@ -120,7 +120,8 @@ def _print_text(result) -> None:
           f"efficiency, {rec['packs']:,} packs, {rec['samples_per_pack']:.2f} samples/pack, "
           f"{rec['dropped'] + rec['truncated']:,} samples lost ({rec['lost_fraction']:.3%})")
     pad, pk = tr["padding"], tr["packing"]
-    print(f"training ({tr['epochs']} epochs, batch {tr['batch_size']}, dp {tr['dp_size']}): optimizer steps "
+    epochs = f"{tr['epochs']} epoch{'s' if tr['epochs'] != 1 else ''}"
+    print(f"training ({epochs}, batch {tr['batch_size']}, dp {tr['dp_size']}): optimizer steps "
           f"{pad['optimizer_steps']:,} -> {pk['optimizer_steps']:,}, samples/step {pad['samples_per_step']:,.0f} -> "
           f"{pk['samples_per_step']:,.0f}, gradient accumulation {pad['gradient_accumulation']} -> "
           f"{pk['gradient_accumulation']}")
