@@ -26,13 +26,19 @@ class MissingDependency(AnalyzeError):
     """An optional package the requested feature needs is not installed."""
 
 
+_EXTRA = {"matplotlib": "analyze", "pyarrow": "analyze", "tqdm": "analyze", "datasets": "hf", "transformers": "hf",
+          "tokenizers": "hf"}
+
+
 def require(module: str, pip_name: str, feature: str):
     """Imports ``module`` or raises :class:`MissingDependency` naming the pip package to install."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
+        extra = _EXTRA.get(pip_name)
+        also = f" or `pip install 'packkit[{extra}]'`" if extra else ""
         raise MissingDependency(f"{feature} needs the '{pip_name}' package ({e}); install it with "
-                                f"`pip install {pip_name}` or `pip install 'packkit[analyze]'`") from None
+                                f"`pip install {pip_name}`{also}") from None
 
 
 def optional(module: str):
