@@ -11,6 +11,9 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="plan a built-in length profile with every algorithm and print a table")
     demo.add_argument("--capacity", type=int, default=20_000, help="tokens per row (default 20000)")
     demo.add_argument("--dp-size", type=int, default=8, help="data-parallel ranks for ogbfd (default 8)")
+    demo.add_argument("-o", "--out", default="packkit-demo-report",
+                      help="folder for the analyze report of the profile (default ./packkit-demo-report)")
+    demo.add_argument("--no-report", action="store_true", help="print the table only")
     from .analyze.cli import add_parser as add_analyze_parser
 
     add_analyze_parser(sub)
@@ -22,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run
 
-        run(capacity=args.capacity, dp_size=args.dp_size)
+        run(capacity=args.capacity, dp_size=args.dp_size, out=None if args.no_report else args.out)
     return 0
 
 
