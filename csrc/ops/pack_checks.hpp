@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -91,6 +92,21 @@ inline int64_t packed_tokens(const Tensor& packed, bool flat, const char* op) {
   STD_TORCH_CHECK(tokens <= std::numeric_limits<int32_t>::max(), "packkit::", op,
                   ": packed must hold fewer than 2^31 tokens (cu_seqlens are int32)");
   return tokens;
+}
+
+// pack_batch's token inputs: 1-D int64/int32 ids and labels (the ids when labels is None), one
+// device. Returns the label source.
+inline const Tensor& check_pack_batch_tokens(const Tensor& input_ids, const std::optional<Tensor>& labels) {
+  STD_TORCH_CHECK(input_ids.dim() == 1, "packkit::pack_batch: input_ids must be 1-D (all sequences concatenated)");
+  const Tensor& label_src = labels.has_value() ? *labels : input_ids;
+  STD_TORCH_CHECK(label_src.dim() == 1 && label_src.size(0) == input_ids.size(0),
+                  "packkit::pack_batch: labels must be 1-D and as long as input_ids");
+  check_same_device(input_ids, label_src, "pack_batch", "input_ids", "labels");
+  for (const Tensor* t : {&input_ids, &label_src}) {
+    STD_TORCH_CHECK(t->scalar_type() == ScalarType::Long || t->scalar_type() == ScalarType::Int,
+                    "packkit::pack_batch: input_ids and labels must be int64 or int32");
+  }
+  return label_src;
 }
 
 // The bytes of `value` converted to `dtype` (any dtype, incl. half/bool/complex), built with torch's

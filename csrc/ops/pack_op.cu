@@ -368,14 +368,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cuda(
     const Tensor& seg_start, const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len,
     bool flat, int64_t num_cu_seqlens, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
     int64_t position_start) {
-  STD_TORCH_CHECK(input_ids.dim() == 1, "packkit::pack_batch: input_ids must be 1-D (all sequences concatenated)");
-  const Tensor& label_src = labels.has_value() ? *labels : input_ids;
-  STD_TORCH_CHECK(label_src.dim() == 1 && label_src.size(0) == input_ids.size(0),
-                  "packkit::pack_batch: labels must be 1-D and as long as input_ids");
-  for (const Tensor* t : {&input_ids, &label_src}) {
-    STD_TORCH_CHECK(t->scalar_type() == ScalarType::Long || t->scalar_type() == ScalarType::Int,
-                    "packkit::pack_batch: input_ids and labels must be int64 or int32");
-  }
+  const Tensor& label_src = check_pack_batch_tokens(input_ids, labels);
   check_index_tensor(src_offsets, "pack_batch", "src_offsets", ScalarType::Long);
   check_index_tensor(seg_seq, "pack_batch", "seg_seq", ScalarType::Long);
   check_index_tensor(seg_start, "pack_batch", "seg_start", ScalarType::Long);
