@@ -9,10 +9,11 @@ from .collator import PackingCollator, document_causal_block_mask
 from .packing import (LAYOUTS, PackInfo, PackLayout, pack_layout, pack_on_device, pack_sequences,
                       unpack_sequences)
 from .sampler import PackedBatchSampler
+from .streaming import PackedIterableDataset
 from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, Segments, plan
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences", "pack_on_device",
            "pack_layout", "PackLayout", "PackInfo", "LAYOUTS",
            "PackingCollator", "document_causal_block_mask",
-           "PackedBatchSampler"]
+           "PackedBatchSampler", "PackedIterableDataset"]
 __version__ = "0.1.0"
