@@ -69,6 +69,45 @@ class Plan:
         self.empty_bins = int(raw["empty_bins"])
         self.rank_costs = raw["rank_costs"].reshape(self.num_steps, dp_size)
 
+    @classmethod
+    def from_bins(cls, lengths, bins, capacity: int, *, algorithm: str = "given") -> "Plan":
+        """A plan whose rows are given: ``bins`` is a list of index lists, whole sequences only.
+
+        For rows decided elsewhere (a streaming buffer, a sampler, a hand-made layout). Raises
+        ValueError if an index is out of range or repeated, a row is over ``capacity``, or a
+        sequence of positive length is in no row (zero-length ones are reported in ``zero_length``).
+        """
+        array = as_lengths(lengths)
+        capacity = _as_count(capacity, "capacity")
+        groups = [np.asarray(b, dtype=np.int64).reshape(-1) for b in bins]
+        seq = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+        if len(seq) and (seq.min() < 0 or seq.max() >= len(array)):
+            raise ValueError(f"bins name index {int(seq.max() if seq.max() >= len(array) else seq.min())} but there "
+                             f"are {len(array)} sequences")
+        counts = np.bincount(seq, minlength=len(array))
+        if len(seq) and counts.max() > 1:
+            raise ValueError(f"sequence {int(np.argmax(counts > 1))} is in more than one bin (or twice in one)")
+        missing = np.flatnonzero((counts == 0) & (array > 0))
+        if len(missing):
+            raise ValueError(f"{len(missing)} sequences of positive length are in no bin, e.g. index {int(missing[0])}")
+        zero = np.flatnonzero(array == 0)
+        keep = array[seq] > 0
+        offsets = np.zeros(len(groups) + 1, np.int64)
+        offsets[1:] = np.cumsum([int((array[g] > 0).sum()) for g in groups])
+        seq = seq[keep]
+        seg_length = array[seq]
+        cumulative = np.concatenate(([0], np.cumsum(seg_length)))
+        tokens = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+        if len(tokens) and tokens.max() > capacity:
+            worst = int(np.argmax(tokens))
+            raise ValueError(f"bin {worst} holds {int(tokens[worst])} tokens, more than capacity={capacity}")
+        empty = np.zeros(0, np.int64)
+        raw = {"seg_seq": seq, "seg_start": np.zeros(len(seq), np.int64), "seg_length": seg_length,
+               "bin_offsets": offsets, "dropped": empty, "truncated": empty.copy(), "split": empty.copy(),
+               "zero_length": zero.astype(np.int64), "rank_costs": tokens.astype(np.float64),
+               "num_steps": len(groups), "empty_bins": int((tokens == 0).sum()), "kept_tokens": int(cumulative[-1])}
+        return cls(raw, capacity=capacity, algorithm=algorithm, overlong="error", dp_size=1, num_sequences=len(array))
+
     @property
     def num_bins(self) -> int:
         return len(self.segments.bin_offsets) - 1

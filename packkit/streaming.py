@@ -69,19 +69,6 @@ class _Progress:
         }
 
 
-def _fixed_plan(lengths: np.ndarray, row_offsets: np.ndarray, capacity: int, algorithm: str) -> Plan:
-    """A :class:`Plan` whose rows are the given consecutive groups of whole sequences."""
-    n = len(lengths)
-    cumulative = np.concatenate(([0], np.cumsum(lengths)))
-    empty = np.zeros(0, np.int64)
-    raw = {"seg_seq": np.arange(n, dtype=np.int64), "seg_start": np.zeros(n, np.int64),
-           "seg_length": np.array(lengths, np.int64), "bin_offsets": np.array(row_offsets, np.int64),
-           "dropped": empty, "truncated": empty.copy(), "split": empty.copy(), "zero_length": empty.copy(),
-           "rank_costs": (cumulative[row_offsets[1:]] - cumulative[row_offsets[:-1]]).astype(np.float64),
-           "num_steps": len(row_offsets) - 1, "empty_bins": 0, "kept_tokens": int(cumulative[-1])}
-    return Plan(raw, capacity=capacity, algorithm=algorithm, overlong="error", dp_size=1, num_sequences=n)
-
-
 def _token_array(value, position: int, what: str) -> np.ndarray:
     """A 1-D int64 array of token ids, or TypeError/ValueError naming the example."""
     where = f"example {position}: {what}"
@@ -440,7 +427,9 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             labels = torch.from_numpy(np.concatenate([p[2] if p[3] is None else p[3] for p in pieces]))
         padded = self.layout == "padded"
         return pack_sequences(
-            ids, lengths, labels=labels, plan=_fixed_plan(lengths, offsets, self.capacity, self.algorithm),
+            ids, lengths, labels=labels,
+            plan=Plan.from_bins(lengths, np.split(np.arange(len(lengths)), offsets[1:-1]), self.capacity,
+                                algorithm=self.algorithm),
             layout=self.layout, num_rows=num_rows if padded else None, row_len=self.capacity if padded else None,
             pad_token_id=self.pad_token_id, ignore_index=self.ignore_index, mask_first_label=self.mask_first_label,
             position_ids_start=self.position_ids_start)

@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 import packkit
-from packkit.streaming import _fixed_plan
 
 PAD, IGNORE = 0, -100
 MODEL_KEYS = {"input_ids", "labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
@@ -152,7 +151,7 @@ def check_items(items, examples, capacity, *, overlong="error", layout="padded",
             labels = torch.from_numpy(np.concatenate([p[2] if p[3] is None else p[3] for p in flat_pieces]))
         ref = packkit.pack_sequences(
             torch.from_numpy(np.concatenate([p[2] for p in flat_pieces])), lengths, labels=labels,
-            plan=_fixed_plan(lengths, offsets, capacity, "obfd"), layout=layout,
+            plan=packkit.Plan.from_bins(lengths, np.split(np.arange(len(lengths)), offsets[1:-1]), capacity), layout=layout,
             num_rows=rows_per_item if layout == "padded" else None, row_len=capacity if layout == "padded" else None,
             mask_first_label=mask_first_label)
         for key, value in ref.items():

@@ -1,0 +1,39 @@
+"""Plan.from_bins: rows decided elsewhere, checked like a planner's output."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import packkit
+from plan_checks import check_plan
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 30), max_size=40), seed=st.integers(0, 1000))
+def test_from_bins_of_a_real_plan_is_the_same_plan(lengths, seed):
+    reference = packkit.plan(lengths, 32, algorithm=["nf", "obfd", "ffd"][seed % 3])
+    rebuilt = packkit.Plan.from_bins(lengths, reference.bins, 32)
+    for a, b in zip(rebuilt.segments, reference.segments):
+        assert np.array_equal(a, b)
+    assert rebuilt.kept_tokens == reference.kept_tokens and np.array_equal(rebuilt.zero_length, reference.zero_length)
+    check_plan(np.array(lengths, np.int64), 32, rebuilt, "error")
+
+
+def test_from_bins_packs():
+    plan = packkit.Plan.from_bins([3, 2, 4], [[2], [0, 1]], 5)
+    batch = packkit.pack_sequences([[1, 2, 3], [4, 5], [6, 7, 8, 9]], plan=plan, layout="padded")
+    assert batch["input_ids"].tolist() == [[6, 7, 8, 9, 0], [1, 2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("bins, match", [
+    ([[0, 1], [2, 5]], "index 5"),
+    ([[0, 1], [1, 2]], "more than one bin"),
+    ([[0, 1]], "in no bin"),
+    ([[0, 1, 2]], "more than capacity"),
+    ([[-1, 0], [1, 2]], "index -1"),
+])
+def test_from_bins_rejects(bins, match):
+    with pytest.raises(ValueError, match=match):
+        packkit.Plan.from_bins([3, 2, 4], bins, 5)
