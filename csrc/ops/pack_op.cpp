@@ -133,6 +133,15 @@ void layout_into(const int64_t* seg_length, int64_t num_segments, const int64_t*
   cu[k] = static_cast<int32_t>(pos);
 }
 
+// The unpack output: [*leading, *feature of packed], every element pad_value (tokens no segment covers).
+Tensor filled_output(const Tensor& packed, std::vector<int64_t> shape, int64_t token_dims, double pad_value) {
+  for (int64_t d = token_dims; d < packed.dim(); ++d) shape.push_back(packed.size(d));
+  Tensor out = empty_output(packed, shape);
+  const auto pad = value_bytes(pad_value, packed.scalar_type());
+  fill_elements(static_cast<uint8_t*>(out.mutable_data_ptr()), out.numel(), pad.data(), out.element_size());
+  return out;
+}
+
 Tensor contiguous_cpu(const Tensor& t, const char* op, const char* name) {
   STD_TORCH_CHECK(t.is_cpu(), "packkit::", op, ": ", name, " must be a CPU tensor here");
   return torch::stable::contiguous(t);
@@ -246,14 +255,10 @@ Tensor unpack_cpu(const Tensor& packed, const Tensor& src_offsets, const Tensor&
                     st.const_data_ptr<int64_t>(), sq.numel(), cu.const_data_ptr<int32_t>(),
                     cs.const_data_ptr<int32_t>(), cs.numel(), total, "unpack");
   const int64_t token_dims = flat ? 1 : 2, features = feature_numel(p, token_dims);
-  std::vector<int64_t> shape{num_src_tokens};
-  for (int64_t d = token_dims; d < p.dim(); ++d) shape.push_back(p.size(d));
-  Tensor out = empty_output(p, shape);
-  const size_t elem = p.element_size(), record = elem * features;
-  const auto pad = value_bytes(pad_value, p.scalar_type());
+  Tensor out = filled_output(p, {num_src_tokens}, token_dims, pad_value);
+  const size_t record = p.element_size() * features;
   const uint8_t* in = static_cast<const uint8_t*>(p.const_data_ptr());
   uint8_t* o = static_cast<uint8_t*>(out.mutable_data_ptr());
-  fill_elements(o, num_src_tokens * features, pad.data(), elem);
   const int32_t* c = cu.const_data_ptr<int32_t>();
   const int32_t* owner = cs.const_data_ptr<int32_t>();
   const int64_t *so = offs.const_data_ptr<int64_t>(), *ss = sq.const_data_ptr<int64_t>(),
@@ -295,14 +300,10 @@ Tensor unpack_padded_cpu(const Tensor& packed, const Tensor& seg_seq, const Tens
                     " names sequence ", ss[j], " (start ", sst[j], ") but num_sequences is ", num_sequences);
   }
   const int64_t token_dims = flat ? 1 : 2, features = feature_numel(p, token_dims);
-  std::vector<int64_t> shape{num_sequences, max_len};
-  for (int64_t d = token_dims; d < p.dim(); ++d) shape.push_back(p.size(d));
-  Tensor out = empty_output(p, shape);
-  const size_t elem = p.element_size(), record = elem * features;
-  const auto pad = value_bytes(pad_value, p.scalar_type());
+  Tensor out = filled_output(p, {num_sequences, max_len}, token_dims, pad_value);
+  const size_t record = p.element_size() * features;
   const uint8_t* in = static_cast<const uint8_t*>(p.const_data_ptr());
   uint8_t* o = static_cast<uint8_t*>(out.mutable_data_ptr());
-  fill_elements(o, num_sequences * max_len * features, pad.data(), elem);
   torch::stable::parallel_for(0, cs.numel(), grain_for(cs.numel(), int64_t{c[cs.numel()]} * features),
                               [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
