@@ -19,10 +19,7 @@ Results go to ``benchmarks/results/collate_cpu.json`` (``collate_<gpu>.json`` wi
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,6 +30,7 @@ import numpy as np
 import torch
 
 import packkit
+from _results import machine_info, results_name, write_results
 
 
 def features(n=256, seed=0):
@@ -105,10 +103,8 @@ def main() -> None:
         vs = f"{r['throughput_vs_hf']:.1f}x" if hf else "-"
         print(f"{r['system']:<52} {r['median_s'] * 1000:8.2f}ms {r['tokens_per_s'] / 1e6:8.1f} {vs:>7}")
     print("Target: PackingCollator >= 10x the HF collator's throughput")
-    doc = {"machine": {"processor": platform.processor(), "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-                       "torch": torch.__version__, "date": datetime.date.today().isoformat()},
-           "workload": {"sequences": len(feats), "tokens": tokens, "lengths": "uniform 16..2048"}, "cpu": rows}
-    name = "collate_cpu.json"
+    doc = {"machine": machine_info(), "workload": {"sequences": len(feats), "tokens": tokens,
+                                                    "lengths": "uniform 16..2048"}, "cpu": rows}
     if args.gpu and torch.cuda.is_available():
         from transformers import DataCollatorWithFlattening
 
@@ -126,13 +122,7 @@ def main() -> None:
             gpu_rows.append({"system": label, "median_s": seconds, "tokens_per_s": tokens / seconds})
             print(f"{label:<52} {seconds * 1000:8.2f}ms (host lists -> device tensors)")
         doc["gpu"] = {"device": torch.cuda.get_device_name(), "rows": gpu_rows}
-        name = "collate_" + torch.cuda.get_device_name().replace(" ", "_").lower() + ".json"
-    out = args.out or Path(__file__).parent / "results" / name
-    if not args.quick or args.out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"wrote {out}")
-
+    write_results(doc, results_name("collate", args.gpu), args.out, args.quick)
 
 if __name__ == "__main__":
     main()

@@ -25,13 +25,8 @@ timed with CUDA events. Results go to ``benchmarks/results/pack_cpu.json`` (or `
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
-import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -39,6 +34,7 @@ import numpy as np
 import torch
 
 import packkit
+from _results import machine_info, results_name, write_results
 
 CAPACITY = 4096
 
@@ -191,15 +187,6 @@ def gpu_section(repeats: int) -> list[dict]:
     return results
 
 
-def machine_info() -> dict:
-    info = {"processor": platform.processor(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-            "python": sys.version.split()[0], "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "date": datetime.date.today().isoformat()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="10k sequences, 2 repeats")
@@ -229,17 +216,10 @@ def main() -> None:
     print("  " + ", ".join(f"{k} = {v:.4g}" for k, v in targets.items()))
     doc = {"machine": machine_info(), "workload": {"sequences": n, "lengths": "uniform 16..1024",
                                                    "capacity": CAPACITY}, "cpu": rows, "targets": targets}
-    name = "pack_cpu.json"
     if args.gpu and torch.cuda.is_available():
         print("\nGPU section")
         doc["gpu"] = gpu_section(max(repeats, 10))
-        name = "pack_" + torch.cuda.get_device_name().replace(" ", "_").lower() + ".json"
-    out = args.out or Path(__file__).parent / "results" / name
-    if not args.quick or args.out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"wrote {out}")
-
+    write_results(doc, results_name("pack", args.gpu), args.out, args.quick)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,37 @@
+"""What every benchmark script records: the machine it ran on, and where its JSON goes."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+
+def machine_info(**extra) -> dict:
+    info = {"processor": platform.processor(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
+            "python": sys.version.split()[0], "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "date": datetime.date.today().isoformat()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return {**info, **extra}
+
+
+def results_name(prefix: str, gpu: bool) -> str:
+    """``<prefix>_cpu.json``, or ``<prefix>_<gpu name>.json`` for a run with a GPU section."""
+    if gpu and torch.cuda.is_available():
+        return f"{prefix}_" + torch.cuda.get_device_name().replace(" ", "_").lower() + ".json"
+    return f"{prefix}_cpu.json"
+
+
+def write_results(doc: dict, name: str, out: Path | None, quick: bool) -> None:
+    """Write to ``out`` or ``benchmarks/results/<name>``; quick (smoke) runs write only with an explicit out."""
+    if quick and not out:
+        return
+    path = out or Path(__file__).parent / "results" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {path}")
