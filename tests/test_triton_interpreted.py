@@ -1,8 +1,8 @@
 """Drives the Triton pack-kernel checks from a normal pytest process, without importing triton here.
 
-* tests/triton runs in a child pytest process with TRITON_INTERPRET=1 (the interpreter must be chosen
+* tests/triton_interp runs in a child pytest process with TRITON_INTERPRET=1 (the interpreter must be chosen
   before triton is imported; its numerics, bounds checker and guarded outputs need no GPU).
-* tests/triton/sm90_compile_check.py compiles every kernel specialisation the ops launch for sm_90
+* tests/triton_interp/sm90_compile_check.py compiles every kernel specialisation the ops launch for sm_90
   (PTX + cubin, triton's bundled ptxas) in a child process without the interpreter: the type checks
   the interpreter never does; then the ops' fake impls and AOT autograd's decomposition into kernel
   launches (what torch.compile needs), without running a kernel.
@@ -36,10 +36,10 @@ def _run(cmd, env, timeout):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="already interpreting: tests/triton is collected in this process")
+                    reason="already interpreting: tests/triton_interp is collected in this process")
 def test_triton_kernels_interpreted():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc, tail = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/triton"], env, 900)
+    proc, tail = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/triton_interp"], env, 900)
     assert proc.returncode == 0, tail
     passed = re.search(r"(\d+) passed", proc.stdout)
     assert passed and int(passed.group(1)) > 0, tail
@@ -49,7 +49,7 @@ def test_triton_kernels_interpreted():
 @pytest.mark.skipif(not _has_nvidia_backend(), reason="triton has no NVIDIA backend")
 def test_triton_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc, tail = _run([sys.executable, "tests/triton/sm90_compile_check.py"], env, 600)
+    proc, tail = _run([sys.executable, "tests/triton_interp/sm90_compile_check.py"], env, 600)
     if proc.returncode == 77:
         pytest.skip(f"compile harness unsupported by this triton: {tail[-300:]}")
     assert proc.returncode == 0, tail
