@@ -10,10 +10,11 @@ from .packing import (LAYOUTS, PackInfo, PackLayout, pack_layout, pack_on_device
                       unpack_sequences)
 from .sampler import PackedBatchSampler
 from .streaming import PackedIterableDataset
+from .plan_check import PLAN_ERRORS, check_plan
 from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, Segments, plan
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences", "pack_on_device",
-           "pack_layout", "PackLayout", "PackInfo", "LAYOUTS",
+           "pack_layout", "check_plan", "PLAN_ERRORS", "PackLayout", "PackInfo", "LAYOUTS",
            "PackingCollator", "document_causal_block_mask",
            "PackedBatchSampler", "PackedIterableDataset"]
 __version__ = "0.1.0"

@@ -271,7 +271,7 @@ def test_bad_pack_inputs():
         call(seg_seq=case.seg_seq + 100)
     start = case.seg_start.clone()
     start[0] += 50
-    with pytest.raises(RuntimeError, match="covers tokens"):
+    with pytest.raises(RuntimeError, match="starts at token 50 with 20 tokens"):
         call(seg_start=start)
     with pytest.raises(RuntimeError, match="int32"):
         call(cu=cu.long())

@@ -69,14 +69,14 @@ void fill_elements(uint8_t* dst, int64_t count, const uint8_t* pattern, size_t e
 void validate_segments(const int64_t* src_offsets, int64_t num_sources, int64_t source_tokens,
                        const int64_t* seg_seq, const int64_t* seg_start, int64_t num_segments, const int32_t* cu,
                        const int32_t* cu_seg, int64_t num_cu_segments, int64_t total, const char* op) {
-  STD_TORCH_CHECK(num_sources == 0 || src_offsets[0] >= 0, "packkit::", op, ": src_offsets[0] must be >= 0");
+  STD_TORCH_CHECK(src_offsets[0] >= 0, "packkit::", op, ": src_offsets[0] must be >= 0");
   for (int64_t i = 0; i < num_sources; ++i) {
     STD_TORCH_CHECK(src_offsets[i] <= src_offsets[i + 1], "packkit::", op,
                     ": src_offsets must be non-decreasing, but src_offsets[", i, "] = ", src_offsets[i],
                     " > src_offsets[", i + 1, "] = ", src_offsets[i + 1]);
   }
-  STD_TORCH_CHECK(num_sources == 0 || src_offsets[num_sources] <= source_tokens, "packkit::", op,
-                  ": src_offsets[-1] = ", num_sources ? src_offsets[num_sources] : 0,
+  STD_TORCH_CHECK(src_offsets[num_sources] <= source_tokens, "packkit::", op,
+                  ": src_offsets[-1] = ", src_offsets[num_sources],
                   " exceeds the source's ", source_tokens, " tokens");
   STD_TORCH_CHECK(cu[0] == 0 && cu[num_cu_segments] == total, "packkit::", op,
                   ": cu_seqlens must start at 0 and end at the packed token count ", total);
@@ -84,14 +84,15 @@ void validate_segments(const int64_t* src_offsets, int64_t num_sources, int64_t 
     const int64_t len = int64_t{cu[k + 1]} - cu[k];
     STD_TORCH_CHECK(len >= 1, "packkit::", op, ": cu_seqlens must be strictly increasing (at ", k, ")");
     const int64_t j = cu_seg[k];
+    STD_TORCH_CHECK(j >= -1 && j < num_segments, "packkit::", op, ": cu_seg[", k, "] = ", j,
+                    " is neither -1 (padding) nor a segment index");
     if (j < 0) continue;
-    STD_TORCH_CHECK(j < num_segments, "packkit::", op, ": cu_seg[", k, "] = ", j, " is not a segment index");
     const int64_t seq = seg_seq[j];
     STD_TORCH_CHECK(seq >= 0 && seq < num_sources, "packkit::", op, ": segment ", j, " names sequence ", seq,
                     " but there are ", num_sources);
     const int64_t seq_len = src_offsets[seq + 1] - src_offsets[seq];
-    STD_TORCH_CHECK(seg_start[j] >= 0 && seg_start[j] + len <= seq_len, "packkit::", op, ": segment ", j,
-                    " covers tokens [", seg_start[j], ", ", seg_start[j] + len, ") of sequence ", seq,
+    STD_TORCH_CHECK(seg_start[j] >= 0 && seg_start[j] <= seq_len - len, "packkit::", op, ": segment ", j,
+                    " starts at token ", seg_start[j], " with ", len, " tokens in sequence ", seq,
                     ", which has ", seq_len);
   }
 }
@@ -100,6 +101,13 @@ void layout_into(const int64_t* seg_length, int64_t num_segments, const int64_t*
                  int64_t num_rows, int64_t row_len, bool flat, int32_t* cu, int32_t* cu_seg, int64_t num_cu) {
   STD_TORCH_CHECK(bin_offsets[0] == 0 && bin_offsets[num_bins] == num_segments,
                   "packkit::layout: bin_offsets must run from 0 to the number of segments (", num_segments, ")");
+  // All of bin_offsets before any seg_length read: one entry out of order would otherwise walk a bin
+  // past the end of seg_length (found by AddressSanitizer).
+  for (int64_t bin = 0; bin < num_bins; ++bin) {
+    STD_TORCH_CHECK(bin_offsets[bin] <= bin_offsets[bin + 1], "packkit::layout: bin_offsets must be non-decreasing, "
+                    "but bin_offsets[", bin, "] = ", bin_offsets[bin], " > bin_offsets[", bin + 1, "] = ",
+                    bin_offsets[bin + 1]);
+  }
   int64_t k = 0;
   auto emit = [&](int64_t start, int32_t owner) {
     if (k < num_cu - 1) {
@@ -114,15 +122,15 @@ void layout_into(const int64_t* seg_length, int64_t num_segments, const int64_t*
     const int64_t row_end = (b + 1) * row_len;
     const int64_t first_bin = flat ? 0 : b, last_bin = flat ? num_bins : std::min(b + 1, num_bins);
     for (int64_t bin = first_bin; bin < last_bin; ++bin) {
-      STD_TORCH_CHECK(bin_offsets[bin] <= bin_offsets[bin + 1], "packkit::layout: bin_offsets must be non-decreasing");
       for (int64_t j = bin_offsets[bin]; j < bin_offsets[bin + 1]; ++j) {
         STD_TORCH_CHECK(seg_length[j] >= 1, "packkit::layout: segment ", j, " has length ", seg_length[j],
                         "; segment lengths must be >= 1");
         emit(pos, static_cast<int32_t>(j));
-        pos += seg_length[j];
-        STD_TORCH_CHECK(pos <= row_end, "packkit::layout: ", flat ? "the plan's tokens do not fit" : "bin ",
+        // Compared before adding: a huge length must not overflow pos.
+        STD_TORCH_CHECK(seg_length[j] <= row_end - pos, "packkit::layout: ", flat ? "the plan's tokens do not fit" : "bin ",
                         flat ? "" : std::to_string(bin), flat ? " in row_len = " : " does not fit in row_len = ",
                         row_len);
+        pos += seg_length[j];
       }
     }
     if (pos < row_end) emit(pos, -1);
@@ -294,7 +302,8 @@ Tensor unpack_padded_cpu(const Tensor& packed, const Tensor& seg_seq, const Tens
   for (int64_t k = 0; k < cs.numel(); ++k) {
     STD_TORCH_CHECK(c[k] < c[k + 1], "packkit::unpack_padded: cu_seqlens must be strictly increasing (at ", k, ")");
     const int64_t j = owner[k];
-    STD_TORCH_CHECK(j < sq.numel(), "packkit::unpack_padded: cu_seg[", k, "] = ", j, " is not a segment index");
+    STD_TORCH_CHECK(j >= -1 && j < sq.numel(), "packkit::unpack_padded: cu_seg[", k, "] = ", j,
+                    " is neither -1 (padding) nor a segment index");
     if (j < 0) continue;
     STD_TORCH_CHECK(ss[j] >= 0 && ss[j] < num_sequences && sst[j] >= 0, "packkit::unpack_padded: segment ", j,
                     " names sequence ", ss[j], " (start ", sst[j], ") but num_sequences is ", num_sequences);
