@@ -10,8 +10,13 @@
 //     reads are contiguous within a segment.
 // pack_batch = layout + one fused gather writing input_ids, labels, position_ids and seq_idx.
 // Everything launches on the current stream; nothing reads device data back, and sizes come from
-// ints the host computed from the plan. Device code trusts the plan for reads (packkit.pack_sequences
-// validates it on the host) but never writes outside its outputs.
+// ints the host computed from the plan.
+//
+// No input can make a kernel read or write outside its tensors: every index taken from plan data
+// (bin offsets, segment indices, sequence indices, source rows) is bounds-checked before use, and an
+// element whose source is out of range gets the padding value. An inconsistent plan therefore gives
+// meaningless values but never an illegal address (which would poison the CUDA context and kill the
+// job); packkit.check_plan detects it, on the device and without a host sync.
 #include <cuda_runtime.h>
 
 // The shim declares its CUDA entry points (current stream) only under USE_CUDA.
@@ -56,6 +61,11 @@ void check_cuda(const Tensor& t, const char* op, const char* name) {
 }
 
 // --- layout ------------------------------------------------------------------------------------
+// Lengths of a consistent plan lie in [1, row_len]; clamping keeps bad ones from overflowing sums.
+__device__ __forceinline__ int64_t bounded_length(int64_t length, int64_t row_len) {
+  return min(max(length, int64_t{0}), row_len);
+}
+
 __global__ void layout_kernel(const int64_t* __restrict__ seg_length, const int64_t* __restrict__ bin_offsets,
                               int64_t num_bins, int64_t num_segments, int64_t num_rows, int64_t row_len, bool flat,
                               int32_t* __restrict__ cu, int32_t* __restrict__ cu_seg, int64_t num_cu) {
@@ -68,7 +78,7 @@ __global__ void layout_kernel(const int64_t* __restrict__ seg_length, const int6
     for (int64_t base = 0; base < num_segments; base += int64_t{kLayoutThreads} * kPer) {
       const int64_t first = base + int64_t{threadIdx.x} * kPer;
       int64_t len[kPer];
-      for (int i = 0; i < kPer; ++i) len[i] = first + i < num_segments ? seg_length[first + i] : 0;
+      for (int i = 0; i < kPer; ++i) len[i] = first + i < num_segments ? bounded_length(seg_length[first + i], row_len) : 0;
       int64_t excl[kPer], aggregate;
       Scan(scan_storage).ExclusiveSum(len, excl, aggregate);
       for (int i = 0; i < kPer; ++i) {
@@ -94,9 +104,10 @@ __global__ void layout_kernel(const int64_t* __restrict__ seg_length, const int6
     const int64_t b = base + threadIdx.x;
     int64_t first = 0, count = 0, tokens = 0;
     if (b < num_rows && b < num_bins) {
-      first = bin_offsets[b];
-      count = bin_offsets[b + 1] - first;
-      for (int64_t j = first; j < first + count; ++j) tokens += seg_length[j];
+      // Clamped into [0, num_segments]: a bad offset must not walk past seg_length.
+      first = min(max(bin_offsets[b], int64_t{0}), num_segments);
+      count = min(max(bin_offsets[b + 1], first), num_segments) - first;
+      for (int64_t j = first; j < first + count; ++j) tokens += bounded_length(seg_length[j], row_len);
     }
     const bool pad = b < num_rows && tokens < row_len;
     int64_t k, aggregate;
@@ -108,7 +119,7 @@ __global__ void layout_kernel(const int64_t* __restrict__ seg_length, const int6
         cu[k] = static_cast<int32_t>(pos);
         cu_seg[k] = static_cast<int32_t>(j);
       }
-      pos += seg_length[j];
+      pos += bounded_length(seg_length[j], row_len);
     }
     if (pad && k < last) {
       cu[k] = static_cast<int32_t>(pos);
@@ -139,17 +150,45 @@ __device__ __forceinline__ int64_t find_segment(const int32_t* __restrict__ cu, 
   return lo;
 }
 
-// The block's segment range for positions [p0, p1): computed once by thread 0.
+// The block's segment range for positions [p0, p1): computed once by thread 0. With no output
+// segments (an inconsistent call) the range is empty: lo = 0 > hi = -1.
 __device__ __forceinline__ void tile_range(const int32_t* __restrict__ cu, int64_t num_segments, int64_t p0,
                                            int64_t p1, int64_t& lo, int64_t& hi) {
   __shared__ int64_t range[2];
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && num_segments <= 0) {
+    range[0] = 0;
+    range[1] = -1;
+  } else if (threadIdx.x == 0) {
     range[0] = find_segment(cu, 0, num_segments - 1, p0);
     range[1] = find_segment(cu, range[0], num_segments - 1, p1 - 1);
   }
   __syncthreads();
   lo = range[0];
   hi = range[1];
+}
+
+// Where position p's element comes from, or -1 (padding, or a plan entry out of range). Unsigned
+// sums: wrapped garbage from bad offsets lands outside [0, src_tokens) or, at worst, inside it, never
+// in undefined behaviour. Also returns the output segment k (-1: none) and the offset in it.
+struct Source {
+  int64_t row;  // source row, -1 for padding
+  int64_t k;    // output segment
+  int64_t off;  // offset of p in its output segment
+};
+
+__device__ __forceinline__ Source locate(const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_seg,
+                                         const int64_t* __restrict__ seg_seq, const int64_t* __restrict__ seg_start,
+                                         const int64_t* __restrict__ src_offsets, int64_t lo, int64_t hi, int64_t p,
+                                         int64_t num_plan_segments, int64_t num_sources, int64_t src_tokens) {
+  if (hi < lo) return {-1, -1, p};
+  const int64_t k = find_segment(cu, lo, hi, p);
+  const int64_t j = cu_seg[k], off = p - cu[k];
+  if (j < 0 || j >= num_plan_segments) return {-1, k, off};
+  const int64_t seq = seg_seq[j];
+  if (seq < 0 || seq >= num_sources) return {-1, k, off};
+  const uint64_t row = static_cast<uint64_t>(src_offsets[seq]) + static_cast<uint64_t>(seg_start[j]) +
+                       static_cast<uint64_t>(off);
+  return {row < static_cast<uint64_t>(src_tokens) ? static_cast<int64_t>(row) : -1, k, off};
 }
 
 template <int W> struct Word;
@@ -164,18 +203,17 @@ template <typename T>
 __global__ void pack_kernel(const T* __restrict__ src, const int64_t* __restrict__ src_offsets,
                             const int64_t* __restrict__ seg_seq, const int64_t* __restrict__ seg_start,
                             const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_seg, int64_t num_segments,
-                            int64_t features, int64_t total_elems, T pad, T first, bool has_first, T* __restrict__ out) {
+                            int64_t num_plan_segments, int64_t num_sources, int64_t src_tokens, int64_t features,
+                            int64_t total_elems, T pad, T first, bool has_first, T* __restrict__ out) {
   const int64_t e0 = int64_t{blockIdx.x} * kTile, e1 = min(e0 + kTile, total_elems);
   int64_t lo, hi;
   tile_range(cu, num_segments, e0 / features, (e1 - 1) / features + 1, lo, hi);
   for (int64_t e = e0 + threadIdx.x; e < e1; e += kThreads) {
     const int64_t p = e / features, f = e - p * features;
-    const int64_t k = find_segment(cu, lo, hi, p);
-    const int64_t j = cu_seg[k], off = p - cu[k];
+    const Source s = locate(cu, cu_seg, seg_seq, seg_start, src_offsets, lo, hi, p, num_plan_segments, num_sources,
+                            src_tokens);
     T value = pad;
-    if (j >= 0) {
-      value = (has_first && off == 0) ? first : src[(src_offsets[seg_seq[j]] + seg_start[j] + off) * features + f];
-    }
+    if (s.row >= 0) value = (has_first && s.off == 0) ? first : src[s.row * features + f];
     out[e] = value;
   }
 }
@@ -193,8 +231,8 @@ void launch_pack(const Tensor& src, const Tensor& src_offsets, const Tensor& seg
   pack_kernel<T><<<blocks, kThreads, 0, stream>>>(
       static_cast<const T*>(src.const_data_ptr()), src_offsets.const_data_ptr<int64_t>(),
       seg_seq.const_data_ptr<int64_t>(), seg_start.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(),
-      cu_seg.const_data_ptr<int32_t>(), cu_seg.numel(), features, total_elems, pad_word, first_word, first.has_value(),
-      static_cast<T*>(out.mutable_data_ptr()));
+      cu_seg.const_data_ptr<int32_t>(), cu_seg.numel(), seg_seq.numel(), src_offsets.numel() - 1, src.size(0), features,
+      total_elems, pad_word, first_word, first.has_value(), static_cast<T*>(out.mutable_data_ptr()));
   check_launch("pack");
 }
 
@@ -203,7 +241,8 @@ template <typename Id, typename Label>
 __global__ void pack_batch_kernel(const Id* __restrict__ ids_src, const Label* __restrict__ labels_src,
                                   const int64_t* __restrict__ src_offsets, const int64_t* __restrict__ seg_seq,
                                   const int64_t* __restrict__ seg_start, const int32_t* __restrict__ cu,
-                                  const int32_t* __restrict__ cu_seg, int64_t num_segments, int64_t total, Id pad_id,
+                                  const int32_t* __restrict__ cu_seg, int64_t num_segments, int64_t num_plan_segments,
+                                  int64_t num_sources, int64_t src_tokens, int64_t total, Id pad_id,
                                   Label ignore_index, bool mask_first_label, int64_t position_start,
                                   Id* __restrict__ ids, Label* __restrict__ labels, int64_t* __restrict__ positions,
                                   int32_t* __restrict__ seq_idx) {
@@ -211,19 +250,18 @@ __global__ void pack_batch_kernel(const Id* __restrict__ ids_src, const Label* _
   int64_t lo, hi;
   tile_range(cu, num_segments, p0, p1, lo, hi);
   for (int64_t p = p0 + threadIdx.x; p < p1; p += kThreads) {
-    const int64_t k = find_segment(cu, lo, hi, p);
-    const int64_t j = cu_seg[k], off = p - cu[k];
+    const Source s = locate(cu, cu_seg, seg_seq, seg_start, src_offsets, lo, hi, p, num_plan_segments, num_sources,
+                            src_tokens);
     Id id = pad_id;
     Label label = ignore_index;
-    if (j >= 0) {
-      const int64_t s = src_offsets[seg_seq[j]] + seg_start[j] + off;
-      id = ids_src[s];
-      label = (mask_first_label && off == 0) ? ignore_index : labels_src[s];
+    if (s.row >= 0) {
+      id = ids_src[s.row];
+      label = (mask_first_label && s.off == 0) ? ignore_index : labels_src[s.row];
     }
     ids[p] = id;
     labels[p] = label;
-    positions[p] = position_start + off;
-    seq_idx[p] = static_cast<int32_t>(k);
+    positions[p] = position_start + s.off;
+    seq_idx[p] = static_cast<int32_t>(max(s.k, int64_t{0}));
   }
 }
 
@@ -237,7 +275,8 @@ void launch_pack_batch(const Tensor& ids_src, const Tensor& labels_src, const Te
   pack_batch_kernel<Id, Label><<<blocks, kThreads, 0, stream>>>(
       ids_src.const_data_ptr<Id>(), labels_src.const_data_ptr<Label>(), src_offsets.const_data_ptr<int64_t>(),
       seg_seq.const_data_ptr<int64_t>(), seg_start.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(),
-      cu_seg.const_data_ptr<int32_t>(), cu_seg.numel(), total, static_cast<Id>(pad_id),
+      cu_seg.const_data_ptr<int32_t>(), cu_seg.numel(), seg_seq.numel(), src_offsets.numel() - 1, ids_src.size(0),
+      total, static_cast<Id>(pad_id),
       static_cast<Label>(ignore_index), mask_first_label, position_start, ids.mutable_data_ptr<Id>(),
       labels.mutable_data_ptr<Label>(), positions.mutable_data_ptr<int64_t>(), seq_idx.mutable_data_ptr<int32_t>());
   check_launch("pack_batch");
@@ -256,30 +295,35 @@ template <typename T>
 __global__ void unpack_kernel(const T* __restrict__ packed, const int64_t* __restrict__ src_offsets,
                               const int64_t* __restrict__ seg_seq, const int64_t* __restrict__ seg_start,
                               const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_seg,
-                              int64_t num_segments, int64_t features, int64_t total_elems, int64_t padded_max_len,
-                              int64_t out_tokens, T* __restrict__ out) {
+                              int64_t num_segments, int64_t num_plan_segments, int64_t num_sources, int64_t features,
+                              int64_t total_elems, int64_t padded_max_len, int64_t out_tokens, T* __restrict__ out) {
   const int64_t e0 = int64_t{blockIdx.x} * kTile, e1 = min(e0 + kTile, total_elems);
   int64_t lo, hi;
   tile_range(cu, num_segments, e0 / features, (e1 - 1) / features + 1, lo, hi);
+  if (hi < lo) return;
   for (int64_t e = e0 + threadIdx.x; e < e1; e += kThreads) {
     const int64_t p = e / features, f = e - p * features;
     const int64_t k = find_segment(cu, lo, hi, p);
     const int64_t j = cu_seg[k];
-    if (j < 0) continue;
-    const int64_t off = seg_start[j] + (p - cu[k]);
-    int64_t dst;
+    if (j < 0 || j >= num_plan_segments) continue;
+    const int64_t seq = seg_seq[j];
+    if (seq < 0 || seq >= num_sources) continue;  // num_sources: src_offsets entries - 1, or output rows
+    // Unsigned: a negative or wrapped position is simply out of range.
+    const uint64_t off = static_cast<uint64_t>(seg_start[j]) + static_cast<uint64_t>(p - cu[k]);
+    uint64_t dst;
     if (padded_max_len < 0) {
-      dst = src_offsets[seg_seq[j]] + off;
+      dst = static_cast<uint64_t>(src_offsets[seq]) + off;
     } else {
-      if (off >= padded_max_len) continue;
-      dst = seg_seq[j] * padded_max_len + off;
+      if (off >= static_cast<uint64_t>(padded_max_len)) continue;
+      dst = static_cast<uint64_t>(seq) * padded_max_len + off;
     }
-    if (dst >= 0 && dst < out_tokens) out[dst * features + f] = packed[e];
+    if (dst < static_cast<uint64_t>(out_tokens)) out[static_cast<int64_t>(dst) * features + f] = packed[e];
   }
 }
 
 template <int W>
-void launch_unpack(const Tensor& packed, const int64_t* src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+void launch_unpack(const Tensor& packed, const int64_t* src_offsets, int64_t num_sources, const Tensor& seg_seq,
+                   const Tensor& seg_start,
                    const Tensor& cu, const Tensor& cu_seg, int64_t features, int64_t total_elems,
                    int64_t padded_max_len, int64_t out_tokens, const std::array<uint8_t, 16>& pad, const Tensor& out,
                    cudaStream_t stream) {
@@ -296,7 +340,8 @@ void launch_unpack(const Tensor& packed, const int64_t* src_offsets, const Tenso
     unpack_kernel<T><<<(total_elems + kTile - 1) / kTile, kThreads, 0, stream>>>(
         static_cast<const T*>(packed.const_data_ptr()), src_offsets, seg_seq.const_data_ptr<int64_t>(),
         seg_start.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(), cu_seg.const_data_ptr<int32_t>(),
-        cu_seg.numel(), features, total_elems, padded_max_len, out_tokens, static_cast<T*>(out.mutable_data_ptr()));
+        cu_seg.numel(), seg_seq.numel(), num_sources, features, total_elems, padded_max_len, out_tokens,
+        static_cast<T*>(out.mutable_data_ptr()));
     check_launch("unpack");
   }
 }
@@ -344,6 +389,7 @@ Tensor pack_cuda(const Tensor& src, const Tensor& src_offsets, const Tensor& seg
   check_segment_args(src, seg_seq, seg_start, cu_seqlens, cu_seg, "pack");
   check_same_device(src, src_offsets, "pack", "src", "src_offsets");
   check_cuda(src, "pack", "src");
+  STD_TORCH_CHECK(src_offsets.numel() >= 1, "packkit::pack: src_offsets needs num_sequences + 1 >= 1 entries");
   const int64_t total = checked_total_tokens(num_rows, row_len, flat, "pack");
   torch::stable::accelerator::DeviceGuard guard(src.get_device_index());
   const Tensor s = torch::stable::contiguous(src);
@@ -376,6 +422,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cuda(
     check_same_device(input_ids, *t, "pack_batch", "input_ids", "every other tensor");
   }
   check_cuda(input_ids, "pack_batch", "input_ids");
+  STD_TORCH_CHECK(src_offsets.numel() >= 1, "packkit::pack_batch: src_offsets needs num_sequences + 1 >= 1 entries");
+  STD_TORCH_CHECK(seg_seq.numel() == seg_start.numel(), "packkit::pack_batch: seg_seq and seg_start must have the same length");
   torch::stable::accelerator::DeviceGuard guard(input_ids.get_device_index());
   const auto layout = layout_cuda(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
   const Tensor& cu = std::get<0>(layout);
@@ -421,6 +469,7 @@ Tensor unpack_cuda_impl(const Tensor& packed, const std::optional<Tensor>& src_o
   if (src_offsets) {
     check_index_tensor(*src_offsets, op, "src_offsets", ScalarType::Long);
     check_same_device(packed, *src_offsets, op, "packed", "src_offsets");
+    STD_TORCH_CHECK(src_offsets->numel() >= 1, "packkit::", op, ": src_offsets needs num_sequences + 1 >= 1 entries");
     offs = torch::stable::contiguous(*src_offsets);
   }
   const int64_t token_dims = flat ? 1 : 2, features = feature_numel(p, token_dims);
@@ -432,7 +481,10 @@ Tensor unpack_cuda_impl(const Tensor& packed, const std::optional<Tensor>& src_o
   const auto pad = value_bytes(pad_value, p.scalar_type());
   cudaStream_t stream = current_stream(p);
   dispatch_width(p.element_size(), op, [&](auto w) {
-    launch_unpack<decltype(w)::value>(p, offs ? offs->const_data_ptr<int64_t>() : nullptr, sq, st, cu, cs, features,
+    // Padded: sequences are output rows; flat: the entries of src_offsets.
+    const int64_t num_sources = offs ? offs->numel() - 1 : out_rows;
+    launch_unpack<decltype(w)::value>(p, offs ? offs->const_data_ptr<int64_t>() : nullptr, num_sources, sq, st, cu, cs,
+                                      features,
                                       tokens * features, max_len, out_tokens, pad, out, stream);
   });
   return out;
