@@ -13,10 +13,16 @@ from hypothesis import strategies as st
 import packkit  # noqa: F401  (registers the ops)
 from pack_reference import (reference_layout, reference_pack, reference_pack_batch, reference_unpack,
                             reference_unpack_padded)
+import gpu_gate
+from gpu_gate import on, ops_for
 from pack_samples import DTYPES, FEATURES, make_case, random_source, sample_cases
 
 OPS = torch.ops.packkit
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and packkit.ops.HAS_CUDA_KERNELS else [])
+DEVICES = ["cpu"] + (["cuda"] if gpu_gate.CUDA_KERNELS else [])
+# Every backend, always listed: on a machine without a GPU the device ones skip with a reason that
+# tests/gpu/run.sh turns into a failure on a GPU machine (a skip there means a path went untested).
+BACKENDS = ["cpu", pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
+            pytest.param("triton", marks=gpu_gate.needs_triton_gpu)]
 POISON = 0x5A
 
 
@@ -36,49 +42,51 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
-def run_layout(case, device):
-    c = case.to(device)
-    poison_allocator(device)
-    return OPS.layout(c.seg_length, c.bin_offsets, c.num_rows, c.row_len, c.flat, c.layout.num_cu_seqlens)
+def run_layout(case, backend):
+    c = case.to(on(backend))
+    poison_allocator(on(backend))
+    return ops_for(backend).layout(c.seg_length, c.bin_offsets, c.num_rows, c.row_len, c.flat, c.layout.num_cu_seqlens)
 
 
 case_params = dict(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(DTYPES), feature=st.sampled_from(FEATURES),
                    flat=st.booleans())
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(**case_params, first=st.sampled_from([None, -100.0, 7.0]), pad=st.sampled_from([0.0, -1.0, 3.0]))
-def test_layout_and_pack_match_reference(device, seed, dtype, feature, flat, first, pad):
+def test_layout_and_pack_match_reference(backend, seed, dtype, feature, flat, first, pad):
+    device, ops = on(backend), ops_for(backend)
     case = make_case(seed, dtype=dtype, feature=feature, flat=flat)
-    cu, cu_seg = run_layout(case, device)
+    cu, cu_seg = run_layout(case, backend)
     ref_cu, ref_seg = reference_layout(case.seg_length, case.bin_offsets, case.num_rows, case.row_len, case.flat)
     assert same_bits(cu, ref_cu) and same_bits(cu_seg, ref_seg)
     if dtype == torch.bool and first is not None:
         first = 1.0
     c = case.to(device)
     if dtype in (torch.uint8, torch.bool) and (pad < 0 or pad > 1 and dtype == torch.bool or (first or 0) < 0):
-        with pytest.raises(RuntimeError, match="cannot be represented"):
-            OPS.pack(c.src, c.src_offsets, c.seg_seq, c.seg_start, cu, cu_seg, c.num_rows, c.row_len, c.flat, pad,
+        with pytest.raises((RuntimeError, ValueError), match="cannot be represented|cannot be converted"):
+            ops.pack(c.src, c.src_offsets, c.seg_seq, c.seg_start, cu, cu_seg, c.num_rows, c.row_len, c.flat, pad,
                      first)
         return
     poison_allocator(device)
-    out = OPS.pack(c.src, c.src_offsets, c.seg_seq, c.seg_start, cu, cu_seg, c.num_rows, c.row_len, c.flat, pad, first)
+    out = ops.pack(c.src, c.src_offsets, c.seg_seq, c.seg_start, cu, cu_seg, c.num_rows, c.row_len, c.flat, pad, first)
     ref = reference_pack(case.src, case.src_offsets, case.seg_seq, case.seg_start, ref_cu, ref_seg, case.num_rows,
                          case.row_len, case.flat, pad, first)
     assert same_bits(out, ref)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), flat=st.booleans(), id_dtype=st.sampled_from([torch.int64, torch.int32]),
        with_labels=st.booleans(), mask_first=st.booleans(), position_start=st.sampled_from([0, 2]))
-def test_pack_batch_matches_reference(device, seed, flat, id_dtype, with_labels, mask_first, position_start):
+def test_pack_batch_matches_reference(backend, seed, flat, id_dtype, with_labels, mask_first, position_start):
+    device, ops = on(backend), ops_for(backend)
     case = make_case(seed, dtype=id_dtype, flat=flat)
     labels = random_source(np.random.default_rng(seed + 1), case.src.shape[0], torch.int64) if with_labels else None
     c = case.to(device)
     poison_allocator(device)
-    got = OPS.pack_batch(c.src, None if labels is None else labels.to(device), c.src_offsets, *c.plan_tensors,
+    got = ops.pack_batch(c.src, None if labels is None else labels.to(device), c.src_offsets, *c.plan_tensors,
                          c.num_rows, c.row_len, c.flat, c.layout.num_cu_seqlens, 5, -100, mask_first, position_start)
     ref = reference_pack_batch(case.src, labels, case.src_offsets, *case.plan_tensors, case.num_rows, case.row_len,
                                case.flat, 5, -100, mask_first, position_start)
@@ -86,17 +94,18 @@ def test_pack_batch_matches_reference(device, seed, flat, id_dtype, with_labels,
         assert same_bits(g, r), name
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(**case_params, max_len=st.integers(0, 45))
-def test_unpack_matches_reference_and_inverts_pack(device, seed, dtype, feature, flat, max_len):
+def test_unpack_matches_reference_and_inverts_pack(backend, seed, dtype, feature, flat, max_len):
+    device, ops = on(backend), ops_for(backend)
     case = make_case(seed, dtype=dtype, feature=feature, flat=flat)
     cu, cu_seg = reference_layout(case.seg_length, case.bin_offsets, case.num_rows, case.row_len, case.flat)
     packed = reference_pack(case.src, case.src_offsets, case.seg_seq, case.seg_start, cu, cu_seg, case.num_rows,
                             case.row_len, case.flat, 0.0)
     c, dev = case.to(device), lambda t: t.to(device)
     poison_allocator(device)
-    out = OPS.unpack(dev(packed), c.src_offsets, c.seg_seq, c.seg_start, dev(cu), dev(cu_seg), c.flat,
+    out = ops.unpack(dev(packed), c.src_offsets, c.seg_seq, c.seg_start, dev(cu), dev(cu_seg), c.flat,
                      case.src.shape[0], 0.0)
     ref = reference_unpack(packed, case.src_offsets, case.seg_seq, case.seg_start, cu, cu_seg, case.flat, 0.0)
     assert same_bits(out, ref)
@@ -107,7 +116,7 @@ def test_unpack_matches_reference_and_inverts_pack(device, seed, dtype, feature,
         kept[s:s + int(case.seg_length[j])] = True
     assert same_bits(out.cpu()[kept], case.src[kept])
     poison_allocator(device)
-    out_p = OPS.unpack_padded(dev(packed), c.seg_seq, c.seg_start, dev(cu), dev(cu_seg), c.flat, len(case.lengths),
+    out_p = ops.unpack_padded(dev(packed), c.seg_seq, c.seg_start, dev(cu), dev(cu_seg), c.flat, len(case.lengths),
                               max_len, 0.0)
     ref_p = reference_unpack_padded(packed, case.seg_seq, case.seg_start, cu, cu_seg, case.flat, len(case.lengths),
                                     max_len, 0.0)
@@ -152,7 +161,7 @@ def test_many_segments_layout():
 
 
 # --- opcheck and torch.compile over every op --------------------------------------------------------
-def op_calls(case):
+def op_calls(case, ops=OPS):
     """(op, args) for every pack-family op on one case."""
     cu, cu_seg = reference_layout(case.seg_length, case.bin_offsets, case.num_rows, case.row_len, case.flat)
     packed = reference_pack(case.src, case.src_offsets, case.seg_seq, case.seg_start, cu, cu_seg, case.num_rows,
@@ -161,37 +170,39 @@ def op_calls(case):
         torch.arange(case.src.shape[0], dtype=torch.int64)
     n = len(case.lengths)
     return [
-        (OPS.layout, (case.seg_length, case.bin_offsets, case.num_rows, case.row_len, case.flat,
+        (ops.layout, (case.seg_length, case.bin_offsets, case.num_rows, case.row_len, case.flat,
                       case.layout.num_cu_seqlens)),
-        (OPS.pack, (case.src, case.src_offsets, case.seg_seq, case.seg_start, cu, cu_seg, case.num_rows,
+        (ops.pack, (case.src, case.src_offsets, case.seg_seq, case.seg_start, cu, cu_seg, case.num_rows,
                     case.row_len, case.flat, 1.0, -100.0 if case.src.dtype != torch.bool else 1.0)),
-        (OPS.pack_batch, (ids, None, case.src_offsets, *case.plan_tensors, case.num_rows, case.row_len, case.flat,
+        (ops.pack_batch, (ids, None, case.src_offsets, *case.plan_tensors, case.num_rows, case.row_len, case.flat,
                           case.layout.num_cu_seqlens, 0, -100, True, 0)),
-        (OPS.unpack, (packed, case.src_offsets, case.seg_seq, case.seg_start, cu, cu_seg, case.flat,
+        (ops.unpack, (packed, case.src_offsets, case.seg_seq, case.seg_start, cu, cu_seg, case.flat,
                       case.src.shape[0], 0.0)),
-        (OPS.unpack_padded, (packed, case.seg_seq, case.seg_start, cu, cu_seg, case.flat, n, 9, 0.0)),
+        (ops.unpack_padded, (packed, case.seg_seq, case.seg_start, cu, cu_seg, case.flat, n, 9, 0.0)),
     ]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case_index", range(6))
-def test_opcheck(device, case_index):
+def test_opcheck(backend, case_index):
+    device, ops = on(backend), ops_for(backend)
     case = sample_cases()[case_index].to(device)
-    for op, args in op_calls(case):
+    for op, args in op_calls(case, ops):
         args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
         torch.library.opcheck(op, args)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("flat", [True, False])
-def test_compile_fullgraph_dynamic_no_recompile(device, flat):
+def test_compile_fullgraph_dynamic_no_recompile(backend, flat):
+    device, ops = on(backend), ops_for(backend)
     from torch._dynamo.testing import CompileCounter
 
     def step(ids, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, num_rows, row_len, num_cu):
-        out = OPS.pack_batch(ids, None, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, num_rows, row_len,
+        out = ops.pack_batch(ids, None, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, num_rows, row_len,
                              flat, num_cu)
-        cu, cu_seg = OPS.layout(seg_length, bin_offsets, num_rows, row_len, flat, num_cu)
-        back = OPS.unpack(out[0] * 2, src_offsets, seg_seq, seg_start, cu, cu_seg, flat, ids.shape[0], 0.0)
+        cu, cu_seg = ops.layout(seg_length, bin_offsets, num_rows, row_len, flat, num_cu)
+        back = ops.unpack(out[0] * 2, src_offsets, seg_seq, seg_start, cu, cu_seg, flat, ids.shape[0], 0.0)
         return out, back
 
     torch._dynamo.reset()
@@ -283,7 +294,7 @@ def test_bad_pack_inputs():
         call(src=torch.tensor(3))
 
 
-@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU and packkit's CUDA kernels")
+@gpu_gate.needs_cuda_kernels
 def test_mismatched_devices():
     case, cu, cu_seg = _good()
     with pytest.raises(RuntimeError, match="same device"):
@@ -312,8 +323,13 @@ def test_bad_pack_batch_and_unpack_inputs():
 
 
 # --- GPU only: CUDA-graph capture and torch.compile(mode="reduce-overhead") -------------------------
-@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU and packkit's CUDA kernels")
-def test_cuda_graph_capture_and_replay():
+DEVICE_BACKENDS = [pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
+                   pytest.param("triton", marks=gpu_gate.needs_triton_gpu)]
+
+
+@pytest.mark.parametrize("backend", DEVICE_BACKENDS)
+def test_cuda_graph_capture_and_replay(backend):
+    OPS = ops_for(backend)
     case = make_case(21, dtype=torch.int64, flat=False, extra_rows=2, max_seqs=10).to("cuda")
     args = (case.src, None, case.src_offsets, *case.plan_tensors, case.num_rows, case.row_len, False,
             case.layout.num_cu_seqlens)
@@ -330,8 +346,9 @@ def test_cuda_graph_capture_and_replay():
     assert all(same_bits(g, r) for g, r in zip(out, ref))
 
 
-@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU and packkit's CUDA kernels")
-def test_compile_reduce_overhead_replays():
+@pytest.mark.parametrize("backend", DEVICE_BACKENDS)
+def test_compile_reduce_overhead_replays(backend):
+    OPS = ops_for(backend)
     case = make_case(22, dtype=torch.int64, flat=False, extra_rows=1, max_seqs=10).to("cuda")
 
     def step(ids, offs, seg_seq, seg_start, seg_length, bin_offsets):

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import packkit
+import gpu_gate
 from pack_reference import reference_pack_batch
 
 transformers = pytest.importorskip("transformers")
@@ -181,7 +182,7 @@ def test_pack_on_device_round_trip(device):
     assert int(batch["cu_seq_lens_q"][-1]) == batch["input_ids"].numel()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@gpu_gate.needs_cuda
 def test_device_packing_with_host_lengths_never_synchronises():
     seqs = random_sequences(14, n=64, max_len=300)
     lengths = np.array([len(s) for s in seqs])
