@@ -17,7 +17,8 @@
 # module and runs the benchmark harness on CPU tensors. Exit status: non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-PY=${PYTHON:-python3}
+# The interpreter: $PYTHON, else this tree's .venv (README's test command makes it), else python3.
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 STEP_LIMIT=${PACKKIT_STEP_LIMIT:-470}  # seconds; each step stays under 8 minutes
 LOGS=build/gpu-run
 mkdir -p "$LOGS"
