@@ -13,6 +13,12 @@ STABLE_TORCH_LIBRARY(packkit, m) {
       "Tensor bin_offsets)");
 
   // --- Pack op family (semantics: tests/pack_reference.py) ---------------------------------------
+  // Plan contract. The CPU ops validate the plan against the data and raise on any inconsistency.
+  // The CUDA and Triton ops check only metadata on the host (no sync) and bound every device read and
+  // write: an inconsistent plan gives unspecified values but never an access outside the tensors, so
+  // it cannot fault the CUDA context. Detect it with packkit.check_plan (host, raises) or
+  // packkit.check_plan(..., sync=False) (a device status tensor, no sync). packkit.pack_sequences and
+  // the collators validate every plan on the host before launching.
   // Output segments of a plan laid out in rows: cu_seqlens int32 [num_cu_seqlens] (flash-attn
   // varlen format; each row's padding tail is its own segment) and cu_seg int32 [num_cu_seqlens - 1]
   // (the plan segment behind each output segment, -1 for padding). flat: one row of row_len tokens.
