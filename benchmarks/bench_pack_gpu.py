@@ -149,19 +149,27 @@ def measure(fn, device: torch.device, wall: bool = False, budget_s: float = PER_
     return statistics.median(timer(fn, device, reps)), reps
 
 
-def count_launches(fn, device: torch.device, calls: int = 3):
-    """Device activities (kernels, memcpy, memset) per call from torch.profiler; None on CPU."""
-    if device.type != "cuda":
-        return None
+def profile_device_work(fn, device: torch.device, calls: int = 3) -> tuple[float, float]:
+    """(kernel launches, memcpy + memset operations) per call, from torch.profiler's CUDA events.
+
+    On CPU the profiler runs too (CPU activity only, so this code path is exercised) and finds none.
+    """
     from torch.profiler import ProfilerActivity, profile
 
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=activities) as prof:
         for _ in range(calls):
             fn()
         synchronize(device)
-    device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return round(len(device_events) / calls, 2)
+    on_device = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    copies_ = sum(name.startswith(("Memcpy", "Memset")) for name in on_device)
+    return round((len(on_device) - copies_) / calls, 2), round(copies_ / calls, 2)
+
+
+def count_launches(fn, device: torch.device):
+    """(kernel launches, memcpy/memset) per call on CUDA; (None, None) on CPU."""
+    return profile_device_work(fn, device) if device.type == "cuda" else (None, None)
 
 
 def count_syncs(fn, device: torch.device):
@@ -193,9 +201,9 @@ class Rotating:
 
 
 def copies(t: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
-    """Enough identical device copies of t that together they exceed 256 MB (an H100's L2 is 50 MB)."""
+    """Identical device copies of t, together >= 256 MB or 64 copies (an H100's L2 is 50 MB)."""
     nbytes = t.numel() * t.element_size()
-    k = 1 if device.type != "cuda" else max(1, min(4, -(-(256 << 20) // max(nbytes, 1))))
+    k = 1 if device.type != "cuda" else max(1, min(64, -(-(256 << 20) // max(nbytes, 1))))
     return [t] + [t.clone() for _ in range(k - 1)]
 
 
@@ -351,15 +359,25 @@ class Bench:
         except Exception as exc:  # noqa: BLE001
             self.triton_error = f"packkit.triton_kernels.pack not importable: {type(exc).__name__}: {exc}"
 
+    def no_cuda_reason(self) -> str:
+        return "needs a CUDA GPU" if self.device.type != "cuda" else "packkit was built without CUDA kernels"
+
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+    def out_of_time(self, task: str, size: str) -> bool:
+        """GPU mode: True (and a skipped row) once the time budget is spent."""
+        if self.cpu_mode or self.elapsed() <= TIME_BUDGET_S:
+            return False
+        self.add(task, size, "*", "*", 0, None, skip=f"time budget ({TIME_BUDGET_S} s) spent")
+        return True
 
     def add(self, task, size, system, backend, tokens, nbytes, fn=None, check=None, *, skip=None, wall=False,
             peer=False, copy_row=None, note=""):
         """Check, then time one system; ``copy_row`` is the task-size's copy row (None for the copy itself)."""
         row = {"task": task, "size": size, "system": system, "backend": backend, "tokens": tokens,
                "microseconds": None, "gb_per_s": None, "fraction_of_copy_bandwidth": None, "launches": None,
-               "host_syncs": None, "bytes": nbytes, "reps": 0, "skipped": skip, "note": note}
+               "memcpy_memset": None, "host_syncs": None, "bytes": nbytes, "reps": 0, "skipped": skip, "note": note}
         self.rows.append(row)
         if skip:
             return row
@@ -375,11 +393,14 @@ class Bench:
                 seconds, reps = measure(fn, self.device, wall=wall, budget_s=0.03, warmup=1, min_reps=3)
             else:
                 seconds, reps = measure(fn, self.device, wall=wall)
-            row.update(microseconds=seconds * 1e6, reps=reps, launches=count_launches(fn, self.device),
+            launches, device_copies = count_launches(fn, self.device)
+            row.update(microseconds=seconds * 1e6, reps=reps, launches=launches, memcpy_memset=device_copies,
                        host_syncs=count_syncs(fn, self.device))
             if nbytes:
                 row["gb_per_s"] = nbytes / seconds / 1e9
-            if copy_row is not None and copy_row.get("gb_per_s") and row["gb_per_s"]:
+            if system == "copy_":
+                row["fraction_of_copy_bandwidth"] = 1.0
+            elif copy_row is not None and copy_row.get("gb_per_s") and row["gb_per_s"]:
                 row["fraction_of_copy_bandwidth"] = row["gb_per_s"] / copy_row["gb_per_s"]
         except CorrectnessError as exc:
             row["skipped"] = f"CORRECTNESS FAILURE: {exc}"
@@ -412,7 +433,6 @@ class Bench:
 
         row = self.add(task, size, "copy_", "torch", tokens, n * 16, Rotating(dst.copy_, srcs), check,
                        note="roof: bytes read once + written once")
-        del src, dst, srcs
         return row
 
     def print_row(self, r):
@@ -456,12 +476,11 @@ def pack_batch_task(b: Bench, size: str, flat_cpu: torch.Tensor, plan_cpu: PlanT
     if dev.type == "cpu":
         b.add("pack_batch", size, "packkit", "cpu", tokens, nbytes, Rotating(lambda s: op(s, None, *p.args()), srcs),
               check, copy_row=copy_row)
-        b.add("pack_batch", size, "packkit", "cuda", tokens, nbytes, skip="needs a CUDA GPU")
-    elif b.has_cuda_kernels:
+    if b.has_cuda_kernels:
         b.add("pack_batch", size, "packkit", "cuda", tokens, nbytes, Rotating(lambda s: op(s, None, *p.args()), srcs),
               check, copy_row=copy_row)
     else:
-        b.add("pack_batch", size, "packkit", "cuda", tokens, nbytes, skip="packkit built without CUDA kernels")
+        b.add("pack_batch", size, "packkit", "cuda", tokens, nbytes, skip=b.no_cuda_reason())
     interp_ok = dev.type == "cuda" or interpret_ok
     if b.triton_error or not interp_ok:
         b.add("pack_batch", size, "packkit", "triton", tokens, nbytes,
@@ -473,7 +492,6 @@ def pack_batch_task(b: Bench, size: str, flat_cpu: torch.Tensor, plan_cpu: PlanT
     b.add("pack_batch", size, "torch_gather", "torch", tokens, nbytes,
           Rotating(lambda s: torch_pack_batch(s, p), srcs), check, copy_row=copy_row,
           note="device-built index, repeat_interleave(output_size=), index_select")
-    del ref, srcs, p
 
 
 def unpad_task(b: Bench, size: str, lengths: np.ndarray, flat_cpu: torch.Tensor, fla, fla_reason, interpret_ok):
@@ -519,6 +537,8 @@ def unpad_task(b: Bench, size: str, lengths: np.ndarray, flat_cpu: torch.Tensor,
     backends = [("cpu", torch.ops.packkit.pack)] if dev.type == "cpu" else []
     if b.has_cuda_kernels:
         backends.append(("cuda", torch.ops.packkit.pack))
+    else:
+        b.add("unpad", size, "packkit pack", "cuda", total, nbytes, skip=b.no_cuda_reason())
     if not b.triton_error and (dev.type == "cuda" or interpret_ok):
         backends.append(("triton" + ("-interpreter" if dev.type == "cpu" else ""), torch.ops.packkit.triton_pack))
     else:
@@ -528,7 +548,6 @@ def unpad_task(b: Bench, size: str, lengths: np.ndarray, flat_cpu: torch.Tensor,
         b.add("unpad", size, "packkit pack", backend, total, nbytes,
               Rotating(lambda x, op=op: op(x.view(-1), *pk_args, 1, total, True), padded), check_ids,
               copy_row=copy_row, note="given cu_seqlens + cu_seg")
-    del padded, mask, ref
 
 
 def feature_tasks(b: Bench, num_tokens: int, features: int):
@@ -552,8 +571,9 @@ def feature_tasks(b: Bench, num_tokens: int, features: int):
     backends = [("cpu", "")] if dev.type == "cpu" else []
     if b.has_cuda_kernels:
         backends.append(("cuda", ""))
-    elif dev.type == "cuda":
-        b.add("pack_features", size, "packkit pack", "cuda", total, pack_bytes, skip="built without CUDA kernels")
+    else:
+        b.add("pack_features", size, "packkit pack", "cuda", total, pack_bytes, skip=b.no_cuda_reason())
+        b.add("unpack_features", size, "packkit unpack", "cuda", total, unpack_bytes, skip=b.no_cuda_reason())
     if b.triton_error:
         b.add("pack_features", size, "packkit pack", "triton", total, pack_bytes, skip=b.triton_error)
     elif dev.type == "cuda":
@@ -575,7 +595,6 @@ def feature_tasks(b: Bench, num_tokens: int, features: int):
               copy_row=copy_row)
     b.add("pack_features", size, "torch_gather", "torch", total, pack_bytes,
           Rotating(lambda s: torch_pack_features(s, p), srcs), check_pack, copy_row=copy_row)
-    del srcs
     # unpack
     copy_row = b.add_copy("unpack_features", size, total, unpack_bytes)
     packed = copies(packed_ref, dev)
@@ -591,7 +610,6 @@ def feature_tasks(b: Bench, num_tokens: int, features: int):
     b.add("unpack_features", size, "torch_gather", "torch", total, unpack_bytes,
           Rotating(lambda x: torch_unpack_features(x, p, total), packed), check_unpack, copy_row=copy_row,
           note="index_copy_ (padding to a spare row)")
-    del packed, packed_ref, src_dev, p, idx
 
 
 def collate_task(b: Bench, label: str, n: int, capacity: int, seed: int):
@@ -619,11 +637,12 @@ def collate_task(b: Bench, label: str, n: int, capacity: int, seed: int):
           note="lists -> padded rows on the device, synchronize included")
     try:
         from transformers import DataCollatorWithFlattening
-    except Exception as exc:  # noqa: BLE001
+
+        hf = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+    except Exception as exc:  # noqa: BLE001 - missing, or too old for these options
         b.add("collate", label, "transformers flattening", "flat+.to", total, None,
-              skip=f"transformers not importable: {exc}")
+              skip=f"transformers DataCollatorWithFlattening unavailable: {type(exc).__name__}: {exc}")
         return
-    hf = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
 
     def run_hf():
         out = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in hf(feats, return_tensors="pt").items()}
@@ -650,10 +669,7 @@ def run(b: Bench, cpu_mode: bool) -> None:
                                                          num_rows=8, row_len=8192), True)
     unpad_task(b, f"batch{tok}", lengths, flat, fla, fla_reason, True)
     for label, target in targets:
-        if b.elapsed() > TIME_BUDGET_S:
-            b.rows.append({"task": "pack_batch", "size": label, "system": "*", "backend": "*", "tokens": target,
-                           "skipped": f"time budget ({TIME_BUDGET_S} s) spent"})
-            print(f"skipping {label}: time budget spent", flush=True)
+        if b.out_of_time("pack_batch+unpad", label):
             continue
         lengths, flat = make_sequences(target // 520, seed=1)
         print(f"\n{label}: {len(lengths):,} sequences, {int(lengths.sum()):,} tokens", flush=True)
@@ -665,14 +681,16 @@ def run(b: Bench, cpu_mode: bool) -> None:
         del lengths, flat
         gc.collect()
     print("\nfeature dim", flush=True)
-    if cpu_mode:
-        feature_tasks(b, 2 << 10, FEATURES_CPU)
-    else:
-        feature_tasks(b, 256 << 10, FEATURES_GPU)
+    if not b.out_of_time("pack_features", "256Kx4096"):
+        if cpu_mode:
+            feature_tasks(b, 2 << 10, FEATURES_CPU)
+        else:
+            feature_tasks(b, 256 << 10, FEATURES_GPU)
     print("\nend to end (lists -> packed tensors on the device)", flush=True)
-    collate_task(b, "64 seqs", 64, 8192, seed=11)
     larger = 256 if cpu_mode else 1024
-    collate_task(b, f"{larger} seqs", larger, 16384, seed=12)
+    for n, capacity in ((64, 8192), (larger, 16384)):
+        if not b.out_of_time("collate", f"{n} seqs"):
+            collate_task(b, f"{n} seqs", n, capacity, seed=11 + n)
 
 
 def print_table(rows):
@@ -711,6 +729,8 @@ def main() -> int:
         props = torch.cuda.get_device_properties(device)
         extra.update(compute_capability=f"{props.major}.{props.minor}", gpu_memory_gb=props.total_memory / 2**30)
     b = Bench(device, args.cpu)
+    if args.cpu:  # the profiler path runs on CPU too (it finds no CUDA events there)
+        assert profile_device_work(lambda: torch.arange(8).sum(), device, calls=1) == (0, 0)
     print(f"bench_pack_gpu: {'CPU harness check' if args.cpu else torch.cuda.get_device_name(device)}; "
           f"columns: task size system backend tokens us GB/s of-copy launches syncs", flush=True)
     try:
