@@ -10,7 +10,7 @@ Without ``--out`` the JSON goes to ``benchmarks/results/pack_gpu-<device slug>-<
 Workload (seeded): sequence lengths uniform 16..1024, token ids 3..31999 (int64), planned by
 ``packkit.plan`` (obfd) once on the host, outside every timed region; the plan tensors are moved to
 the device once. Sizes: 1M, 16M and 64M tokens, each at capacity 4096 and 16384 (padded rows), and two
-training batches of the same 64 sequences (~33K tokens): flat at capacity 8192 and 8 rows x 8192 padded.
+training batches of the same 64 sequences (~37K tokens): flat at capacity 8192 and 8 rows x 8192 padded.
 ``--cpu`` scales the large sizes down to 16K/64K tokens.
 
 Tasks and systems (one row per task, size and system; every system gets its natural input, built
@@ -22,7 +22,7 @@ before timing; each task-size has its own ``copy_`` row, the roof):
       ``torch.ops.packkit.triton_pack_batch`` (``packkit.triton_kernels.pack``; in ``--cpu`` under
       Triton's interpreter, training batches only);
     - ``torch_gather``: the best vectorised PyTorch we know: cu_seqlens and a per-token gather index
-      built on the device from the plan tensors (cumsum, scatter, one ``repeat_interleave`` with
+      built on the device from the plan tensors (cumsum, scatter, ``repeat_interleave`` with
       ``output_size=`` — no host sync), then one ``index_select`` per output;
     - ``copy_``: ``dst.copy_(src)`` of an int64 buffer of B/2 bytes, B = pack_batch's bytes below.
   Byte model (minimal, the same for every system of the task): read the kept source tokens (8 B each)
@@ -50,8 +50,11 @@ before timing; each task-size has its own ``copy_`` row, the roof):
 Columns: microseconds = median per call (CUDA events around each call after warm-up, the input rotated
 among copies so small sizes are not served from L2; ``perf_counter`` on CPU); gb_per_s = bytes (model
 above) / median; fraction_of_copy_bandwidth = gb_per_s / the task-size's copy_ gb_per_s; launches =
-device activities (kernels + memcpy + memset) per call, from ``torch.profiler`` over 3 calls; host_syncs =
-synchronising CUDA calls in one call (``torch.cuda.set_sync_debug_mode("warn")``). Both are None on CPU.
+CUDA kernels per call and memcpy_memset = memcpy + memset operations per call, from ``torch.profiler``'s
+CUDA events over 3 calls; host_syncs = synchronising CUDA calls in one call
+(``torch.cuda.set_sync_debug_mode("warn")``, counting its warnings). All three are None on CPU.
+``--cpu`` runs with one torch thread (stable numbers on a small shared machine) and its figures only
+show that the harness works: they say nothing about a GPU.
 
 Correctness first: before timing, every system's outputs are compared with packkit's CPU op on the same
 plan (every output of pack_batch; ids and cu_seqlens for unpad; the packed / unpacked features; the
