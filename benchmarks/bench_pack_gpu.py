@@ -377,7 +377,11 @@ class Bench:
 
     def add(self, task, size, system, backend, tokens, nbytes, fn=None, check=None, *, skip=None, wall=False,
             peer=False, copy_row=None, note=""):
-        """Check, then time one system; ``copy_row`` is the task-size's copy row (None for the copy itself)."""
+        """Check, then time one system; ``copy_row`` is the task-size's copy row (None for the copy itself).
+
+        ``wall=True``: host wall time with a device synchronize after each call (end-to-end rows); ``fn``
+        itself must not synchronise, so that launches and host syncs count only its own.
+        """
         row = {"task": task, "size": size, "system": system, "backend": backend, "tokens": tokens,
                "microseconds": None, "gb_per_s": None, "fraction_of_copy_bandwidth": None, "launches": None,
                "memcpy_memset": None, "host_syncs": None, "bytes": nbytes, "reps": 0, "skipped": skip, "note": note}
@@ -631,9 +635,7 @@ def collate_task(b: Bench, label: str, n: int, capacity: int, seed: int):
     collator = packkit.PackingCollator(capacity, layout="padded", device=str(dev))
 
     def run_packkit():
-        out = collator(feats)
-        synchronize(dev)
-        return out
+        return collator(feats)
 
     b.add("collate", label, "packkit PackingCollator", f"padded@{capacity}", total, None, run_packkit,
           lambda out: check_tokens(out["input_ids"], "packkit"), wall=True,
@@ -648,9 +650,7 @@ def collate_task(b: Bench, label: str, n: int, capacity: int, seed: int):
         return
 
     def run_hf():
-        out = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in hf(feats, return_tensors="pt").items()}
-        synchronize(dev)
-        return out
+        return {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in hf(feats, return_tensors="pt").items()}
 
     b.add("collate", label, "transformers flattening", "flat+.to", total, None, run_hf,
           lambda out: check_tokens(out["input_ids"], "transformers"), wall=True, peer=True,
