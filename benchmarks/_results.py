@@ -5,6 +5,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +26,13 @@ def results_name(prefix: str, gpu: bool) -> str:
     if gpu and torch.cuda.is_available():
         return f"{prefix}_" + torch.cuda.get_device_name().replace(" ", "_").lower() + ".json"
     return f"{prefix}_cpu.json"
+
+
+def device_slug(gpu: bool = True) -> str:
+    """File-name-safe name of the device a run measured: ``nvidia-h100-80gb-hbm3``, or ``cpu``."""
+    if gpu and torch.cuda.is_available():
+        return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+    return "cpu"
 
 
 def write_results(doc: dict, name: str, out: Path | None, quick: bool) -> None:
