@@ -142,12 +142,13 @@ def _list_array(typ, offsets: np.ndarray, values: np.ndarray):
 
 
 def pack_table(columns: Sequence[TokenColumn], segments: Segments, *, position_ids: bool = False,
-               max_chunk_tokens: int = MAX_CHUNK_TOKENS):
+               max_chunk_tokens: Optional[int] = None):
     """A pyarrow Table with one row per bin of ``segments``: the packed columns, ``seq_lengths``
     (list<int32>, the segment lengths of the row) and, if asked, ``position_ids`` (list<int64>, restarting
     at 0 in every segment). Bins must be non-empty. Rows are cut into chunks of at most
     ``max_chunk_tokens`` tokens (a bin larger than that is its own chunk)."""
     pa = _pa()
+    max_chunk_tokens = MAX_CHUNK_TOKENS if max_chunk_tokens is None else max_chunk_tokens
     seg_seq, seg_start, seg_length, bin_offsets = (np.ascontiguousarray(a, dtype=np.int64) for a in segments)
     cum_seg = np.concatenate(([0], np.cumsum(seg_length)))
     row_tokens = cum_seg[bin_offsets]  # cumulative tokens at each row boundary
