@@ -10,18 +10,12 @@ from .packing import (LAYOUTS, PackInfo, PackLayout, pack_layout, pack_on_device
                       unpack_sequences)
 from .sampler import PackedBatchSampler
 from .streaming import PackedIterableDataset
+from .datasets import PackedRowsCollator, PackReport, pack_dataset  # datasets/pyarrow/ray load on first call
 from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, Segments, plan
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences", "pack_on_device",
            "pack_layout", "PackLayout", "PackInfo", "LAYOUTS",
            "PackingCollator", "document_causal_block_mask",
-           "PackedBatchSampler", "PackedIterableDataset", "pack_dataset"]
+           "PackedBatchSampler", "PackedIterableDataset", "pack_dataset", "PackReport",
+           "PackedRowsCollator"]
 
-
-def pack_dataset(dataset, seq_length, **options):
-    """Pack a whole ``datasets.Dataset`` or ``ray.data.Dataset`` with one global plan (TRL's pre-packed
-    format). See :func:`packkit.datasets.pack_dataset`; datasets/pyarrow/ray load on the first call."""
-    from .datasets import pack_dataset as _pack_dataset
-
-    return _pack_dataset(dataset, seq_length, **options)
-__version__ = "0.1.0"

@@ -166,3 +166,34 @@ def read_report(dataset) -> dict:
     if not text.startswith(prefix):
         raise ValueError("this dataset was not written by packkit.pack_dataset (no report in info.description)")
     return json.loads(text[len(prefix):])
+
+
+class PackedRowsCollator:
+    """Rows of a pre-packed dataset into a per-sequence collator (e.g. :class:`packkit.PackingCollator`).
+
+    Each row is cut at its ``seq_lengths`` into its segments (every per-token key alike) before
+    ``collator`` sees them, so documents stay separate: positions restart and no document attends to
+    another. With ``PackingCollator()`` (flat layout) the batch is the rows one after another.
+    Use with ``TrainingArguments(remove_unused_columns=False)`` so the Trainer keeps ``seq_lengths``.
+    """
+
+    def __init__(self, collator):
+        self.collator = collator
+
+    def __call__(self, features):
+        segments = []
+        for i, feature in enumerate(features):
+            if "seq_lengths" not in feature:
+                raise ValueError(f"feature {i} has no 'seq_lengths' (keys: {sorted(feature)}); PackedRowsCollator "
+                                 f"takes rows of packkit.pack_dataset / trl.pack_dataset (set "
+                                 f"remove_unused_columns=False so the Trainer keeps the column)")
+            lengths = np.asarray(feature["seq_lengths"], np.int64).reshape(-1)
+            keys = [k for k in feature if k not in ("seq_lengths", "position_ids")]
+            cuts = np.cumsum(lengths)
+            for k in keys:
+                if len(feature[k]) != int(cuts[-1] if len(cuts) else 0):
+                    raise ValueError(f"feature {i}: {k!r} has {len(feature[k])} values but its seq_lengths sum to "
+                                     f"{int(cuts[-1]) if len(cuts) else 0}")
+            parts = {k: np.split(np.asarray(feature[k]), cuts[:-1]) for k in keys}
+            segments.extend({k: parts[k][j] for k in keys} for j in range(len(lengths)))
+        return self.collator(segments)
