@@ -82,6 +82,8 @@ def plan_rows(lengths: np.ndarray, seq_length: int, *, algorithm: Optional[str],
         full = steps[~with_empty]
         order = np.concatenate([full[rng.permutation(len(full))].reshape(-1), steps[with_empty].reshape(-1)])
     order = order[counts[order] > 0]
+    if len(order) == p.num_bins and (order == np.arange(p.num_bins)).all():
+        return p, p.segments, 0  # the plan's order as is: no copy of the segments
     new_counts = counts[order]
     new_offsets = np.concatenate(([0], np.cumsum(new_counts))).astype(np.int64)
     take = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(offsets[order] - new_offsets[:-1], new_counts)
@@ -153,7 +155,11 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
                               empty_removed=empty_removed, rows=out.num_rows)
     info = datasets.DatasetInfo(description="packkit.pack_dataset: " + json.dumps(report.summary()),
                                 features=datasets.Features.from_arrow_schema(out.schema))
-    result = datasets.Dataset(out, info=info)
+    # An explicit fingerprint: otherwise datasets hashes every token of the new table (seconds per GB).
+    params = [dataset._fingerprint, seq_length, algorithm, overlong, chosen, dp_size,
+              cost if isinstance(cost, (str, tuple, list)) else repr(cost), seed, position_ids]
+    fingerprint = datasets.fingerprint.Hasher.hash(["packkit.pack_dataset", *params])
+    result = datasets.Dataset(out, info=info, fingerprint=fingerprint)
     if dataset.format["type"] is not None:
         result = result.with_format(dataset.format["type"])
     return (result, report) if return_report else result
