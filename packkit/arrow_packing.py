@@ -119,7 +119,7 @@ def _as_tensor(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
-def _pack_values(col: TokenColumn, seg_seq: np.ndarray, seg_start: np.ndarray, cu: np.ndarray) -> np.ndarray:
+def pack_values(col: TokenColumn, seg_seq: np.ndarray, seg_start: np.ndarray, cu: np.ndarray) -> np.ndarray:
     """The segments' tokens of ``col`` one after another (``cu`` = int32 cumulative segment lengths)."""
     total = int(cu[-1])
     num = len(seg_seq)
@@ -164,7 +164,7 @@ def pack_table(columns: Sequence[TokenColumn], segments: Segments, *, position_i
         cu = (cum_seg[s0:s1 + 1] - cum_seg[s0]).astype(np.int32)
         row_offsets = row_tokens[r0:r1 + 1] - row_tokens[r0]
         for col in columns:
-            values = _pack_values(col, seg_seq[s0:s1], seg_start[s0:s1], cu)
+            values = pack_values(col, seg_seq[s0:s1], seg_start[s0:s1], cu)
             chunks[col.name].append(_list_array(col.type, row_offsets, values))
         lengths = seg_length[s0:s1].astype(np.int32)
         chunks["seq_lengths"].append(pa.ListArray.from_arrays(

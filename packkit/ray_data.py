@@ -19,7 +19,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .arrow_packing import MAX_CHUNK_TOKENS, TokenColumn, check_row_lengths, pack_table, select_columns, token_column
+from .arrow_packing import (MAX_CHUNK_TOKENS, TokenColumn, check_row_lengths, pack_table, pack_values, select_columns,
+                            token_column)
 from .datasets import plan_rows, report_from_plan
 from .planning import CostSpec, Segments, _as_count
 
@@ -49,11 +50,9 @@ def _block_lengths(block, names: list, row_offset: int):
 def _cut_pieces(block, names: list, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray, bounds: np.ndarray):
     """This block's segments (local rows, in output order) packed flat and cut at ``bounds``: one dict of
     numpy arrays per output chunk (None where the chunk needs nothing from this block)."""
-    from .arrow_packing import _pack_values
-
     table = _arrow(block)
     cu = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
-    flat = {n: _pack_values(token_column(n, table.column(n)), rows, starts, cu) for n in names}
+    flat = {n: pack_values(token_column(n, table.column(n)), rows, starts, cu) for n in names}
     token_bounds = cu[bounds].astype(np.int64)
     out = []
     for k in range(len(bounds) - 1):
@@ -66,8 +65,6 @@ def _pack_chunk(types: dict, names: list, order: np.ndarray, lengths: np.ndarray
                 position_ids: bool, *pieces):
     """Rows of one output chunk. ``pieces`` are its segments' tokens grouped by source block (in block
     order); ``order`` lists the chunk's segments in that grouped order, so segment j is source ``inv[j]``."""
-    import pyarrow as pa  # noqa: F401
-
     parts = [p for p in pieces if p is not None]
     src_lengths = lengths[order]
     offsets = np.concatenate(([0], np.cumsum(src_lengths))).astype(np.int64)

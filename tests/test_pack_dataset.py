@@ -216,3 +216,15 @@ def test_import_packkit_needs_no_datasets_pyarrow_or_ray():
     code = "import sys, packkit; print([m for m in ('datasets', 'pyarrow', 'ray', 'trl') if m in sys.modules])"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     assert STRIDE > 1000
+
+
+def test_large_list_and_unsigned_types_are_kept():
+    ids = [np.arange(n, dtype=np.uint16) + 7 for n in (3, 5, 2, 6)]
+    table = pa.table({"input_ids": pa.array(ids, type=pa.large_list(pa.uint16())),
+                      "labels": pa.array([i.astype(np.int64) for i in ids], type=pa.large_list(pa.int64()))})
+    out = packkit.pack_dataset(datasets.Dataset(table), 8)
+    schema = out.data.table.schema
+    assert schema.field("input_ids").type == pa.large_list(pa.uint16())
+    assert schema.field("labels").type == pa.large_list(pa.int64())
+    assert sorted(sum(out["input_ids"], [])) == sorted(np.concatenate(ids).tolist())
+    assert out["input_ids"] == out["labels"]
