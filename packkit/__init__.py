@@ -19,3 +19,4 @@ __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_
            "PackedBatchSampler", "PackedIterableDataset", "pack_dataset", "PackReport",
            "PackedRowsCollator"]
 
+__version__ = "0.1.0"
