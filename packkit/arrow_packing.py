@@ -1,0 +1,180 @@
+"""Packing Arrow tables by a plan: per-token list columns in, TRL's pre-packed format out.
+
+Shared by :mod:`packkit.datasets` (one process) and :mod:`packkit.ray_data` (Ray tasks). Tokens move
+from the Arrow value buffers (viewed as numpy/torch without a copy when a column is one chunk) through
+the C++ ``packkit::pack`` op; output ``ListArray``\\ s are built from the packed values and row offsets
+directly. No Python runs per row or per sequence.
+
+Imports pyarrow lazily, so ``import packkit`` does not need it.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import ops  # noqa: F401  (registers torch.ops.packkit.*)
+from .planning import Segments
+
+# Largest number of tokens packed per output chunk: Arrow ``list`` offsets and the op's cu_seqlens are int32.
+MAX_CHUNK_TOKENS = 1 << 28
+RESERVED = ("seq_lengths", "position_ids")
+
+
+class TokenColumn(NamedTuple):
+    """One per-token list column as buffers: ``values[offsets[i]:offsets[i+1]]`` is row ``i``."""
+
+    name: str
+    type: object  # the column's pyarrow list type (kept for the output)
+    values: np.ndarray  # 1-D, the column's value dtype (bool stays numpy bool)
+    offsets: np.ndarray  # int64 [rows + 1], absolute into ``values`` (need not start at 0)
+
+
+def _pa():
+    try:
+        import pyarrow as pa
+    except ImportError:  # pragma: no cover - exercised only without pyarrow
+        raise ImportError("packing datasets needs pyarrow: pip install pyarrow (or packkit[datasets])") from None
+    return pa
+
+
+def select_columns(names: Sequence[str], columns: Optional[Sequence[str]]) -> list[str]:
+    """The columns to pack: all of ``names`` or exactly ``columns`` (validated; input_ids required)."""
+    names = list(names)
+    if columns is None:
+        chosen = names
+    else:
+        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+            raise TypeError(f"columns must be a list of column names, got {columns!r}")
+        chosen = list(dict.fromkeys(columns))
+        unknown = [c for c in chosen if c not in names]
+        if unknown:
+            raise ValueError(f"columns {unknown} are not in the dataset; its columns are {names}")
+    if "input_ids" not in chosen:
+        raise ValueError(f"the dataset must have an 'input_ids' column to pack (columns: {chosen})")
+    for name in RESERVED:
+        if name in chosen:
+            raise ValueError(f"input column {name!r} is reserved: pack_dataset writes it (is the dataset already "
+                             f"packed?); leave it out with columns=[...]")
+    return ["input_ids"] + [c for c in chosen if c != "input_ids"]
+
+
+def token_column(name: str, column, *, row_offset: int = 0) -> TokenColumn:
+    """Buffers of a list-of-integers column (pyarrow ChunkedArray or Array); raises on anything else.
+
+    One chunk: no copy. Several chunks are combined (one copy of this column's values).
+    ``row_offset`` only shifts the row numbers in error messages.
+    """
+    pa = _pa()
+    typ = column.type
+    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)):
+        raise ValueError(f"column {name!r} is not per-token (type {typ}); every packed column must be a list of "
+                         f"integers per row, like input_ids. Choose the columns to pack with columns=[...]")
+    value_type = typ.value_type
+    if pa.types.is_list(value_type) or pa.types.is_large_list(value_type) or pa.types.is_fixed_size_list(value_type) \
+            or pa.types.is_struct(value_type):
+        raise TypeError(f"column {name!r} is nested ({typ}); packed columns must be flat lists of integers per row")
+    if not (pa.types.is_integer(value_type) or pa.types.is_boolean(value_type)):
+        raise TypeError(f"column {name!r} holds {value_type}, not integers; packed columns must be lists of "
+                        f"integers (or booleans) per row")
+    if isinstance(column, pa.ChunkedArray):
+        column = column.chunk(0) if column.num_chunks == 1 else (
+            pa.concat_arrays(column.chunks) if column.num_chunks else pa.array([], type=typ))
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise ValueError(f"column {name!r}: row {row + row_offset} is null; packed columns need a list in every row")
+    offsets = column.offsets.to_numpy().astype(np.int64, copy=False)
+    values = column.values
+    lo, hi = (int(offsets[0]), int(offsets[-1])) if len(offsets) else (0, 0)
+    if values.slice(lo, hi - lo).null_count:
+        raise ValueError(f"column {name!r} has null values inside its lists; packed columns must hold integers only")
+    if pa.types.is_boolean(value_type):
+        array = values.to_numpy(zero_copy_only=False)
+    else:
+        array = values.to_numpy(zero_copy_only=True)
+    return TokenColumn(name, typ, array, offsets)
+
+
+def check_row_lengths(columns: Sequence[TokenColumn], *, row_offset: int = 0) -> np.ndarray:
+    """int64 lengths of input_ids (``columns[0]``); ValueError naming row and column where another disagrees."""
+    lengths = np.diff(columns[0].offsets)
+    for col in columns[1:]:
+        other = np.diff(col.offsets)
+        if len(other) != len(lengths):
+            raise ValueError(f"column {col.name!r} has {len(other)} rows but input_ids has {len(lengths)}")
+        bad = np.flatnonzero(other != lengths)
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"column {col.name!r}, row {i + row_offset}: {int(other[i])} values but input_ids has "
+                             f"{int(lengths[i])} tokens; per-token columns must match input_ids row by row "
+                             f"({len(bad)} rows disagree)")
+    return lengths
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    with warnings.catch_warnings():  # Arrow buffers are read-only; the op only reads them
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
+def pack_values(col: TokenColumn, seg_seq: np.ndarray, seg_start: np.ndarray, cu: np.ndarray) -> np.ndarray:
+    """The segments' tokens of ``col`` one after another (``cu`` = int32 cumulative segment lengths)."""
+    total = int(cu[-1])
+    num = len(seg_seq)
+    out = torch.ops.packkit.pack(_as_tensor(col.values), _as_tensor(col.offsets), _as_tensor(seg_seq),
+                                 _as_tensor(seg_start), _as_tensor(cu), torch.arange(num, dtype=torch.int32),
+                                 1, total, True)
+    return out.numpy()
+
+
+def _list_array(typ, offsets: np.ndarray, values: np.ndarray):
+    pa = _pa()
+    value_type = typ.value_type
+    if pa.types.is_boolean(value_type):
+        flat = pa.array(values, type=value_type)
+    else:  # no copy: the Arrow buffer keeps the numpy array (and the tensor under it) alive
+        flat = pa.Array.from_buffers(value_type, len(values), [None, pa.py_buffer(values)])
+    large = pa.types.is_large_list(typ)
+    cls = pa.LargeListArray if large else pa.ListArray
+    return cls.from_arrays(pa.array(offsets.astype(np.int64 if large else np.int32)), flat, type=typ)
+
+
+def pack_table(columns: Sequence[TokenColumn], segments: Segments, *, position_ids: bool = False,
+               max_chunk_tokens: Optional[int] = None):
+    """A pyarrow Table with one row per bin of ``segments``: the packed columns, ``seq_lengths``
+    (list<int32>, the segment lengths of the row) and, if asked, ``position_ids`` (list<int64>, restarting
+    at 0 in every segment). Bins must be non-empty. Rows are cut into chunks of at most
+    ``max_chunk_tokens`` tokens (a bin larger than that is its own chunk)."""
+    pa = _pa()
+    max_chunk_tokens = MAX_CHUNK_TOKENS if max_chunk_tokens is None else max_chunk_tokens
+    seg_seq, seg_start, seg_length, bin_offsets = (np.ascontiguousarray(a, dtype=np.int64) for a in segments)
+    cum_seg = np.concatenate(([0], np.cumsum(seg_length)))
+    row_tokens = cum_seg[bin_offsets]  # cumulative tokens at each row boundary
+    num_rows = len(bin_offsets) - 1
+    chunks: dict[str, list] = {c.name: [] for c in columns}
+    chunks["seq_lengths"], chunks["position_ids"] = [], []
+    r0 = 0
+    while r0 < num_rows:
+        # rows r0..r1-1 hold at most max_chunk_tokens (at least one row)
+        r1 = int(np.searchsorted(row_tokens, row_tokens[r0] + max_chunk_tokens, side="right")) - 1
+        r1 = min(max(r1, r0 + 1), num_rows)
+        s0, s1 = int(bin_offsets[r0]), int(bin_offsets[r1])
+        cu = (cum_seg[s0:s1 + 1] - cum_seg[s0]).astype(np.int32)
+        row_offsets = row_tokens[r0:r1 + 1] - row_tokens[r0]
+        for col in columns:
+            values = pack_values(col, seg_seq[s0:s1], seg_start[s0:s1], cu)
+            chunks[col.name].append(_list_array(col.type, row_offsets, values))
+        lengths = seg_length[s0:s1].astype(np.int32)
+        chunks["seq_lengths"].append(pa.ListArray.from_arrays(
+            pa.array((bin_offsets[r0:r1 + 1] - s0).astype(np.int32)), pa.array(lengths)))
+        if position_ids:
+            pos = np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
+            chunks["position_ids"].append(pa.ListArray.from_arrays(pa.array(row_offsets.astype(np.int32)),
+                                                                   pa.array(pos)))
+        r0 = r1
+    names = [c.name for c in columns] + ["seq_lengths"] + (["position_ids"] if position_ids else [])
+    types = {c.name: c.type for c in columns}
+    types.update(seq_lengths=pa.list_(pa.int32()), position_ids=pa.list_(pa.int64()))
+    return pa.table({n: pa.chunked_array(chunks[n], type=types[n]) for n in names})

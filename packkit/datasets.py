@@ -1,0 +1,205 @@
+"""``packkit.pack_dataset``: a whole dataset packed with one global plan, in TRL's pre-packed format.
+
+``datasets.Dataset`` in, ``datasets.Dataset`` out (a ``ray.data.Dataset`` goes to :mod:`packkit.ray_data`).
+Each output row is one packed row: every per-token list column is packed row-wise and ``seq_lengths``
+(list<int32>, the segment lengths of the row) is added — exactly what TRL's ``pack_dataset`` writes and
+what ``DataCollatorForLanguageModeling(padding_free=True)`` reads to restart ``position_ids``.
+
+``datasets`` and ``pyarrow`` are imported inside the functions: ``import packkit`` needs neither.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .planning import CostSpec, Plan, Segments, _as_count, plan as make_plan
+
+
+@dataclass
+class PackReport:
+    """What :func:`pack_dataset` did. Index arrays name input rows (positions in the input dataset)."""
+
+    sequences: int
+    rows: int
+    tokens: int  # tokens in the output
+    seq_length: int
+    algorithm: str
+    overlong: str
+    lower_bound: int
+    efficiency: float  # tokens / (rows * seq_length)
+    columns: list
+    excluded_columns: list
+    dp_size: int = 1
+    balance: float = 1.0  # per-step balance under the cost model (dp_size > 1)
+    empty_rows_removed: int = 0  # empty rows of the last data-parallel step (they would be empty examples)
+    truncated_tokens: int = 0
+    dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    split: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    zero_length: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def summary(self) -> dict:
+        """Plain-Python figures (counts, not index lists), as written to ``info.description``."""
+        out = {k: getattr(self, k) for k in ("sequences", "rows", "tokens", "seq_length", "algorithm", "overlong",
+                                             "lower_bound", "efficiency", "columns", "excluded_columns", "dp_size",
+                                             "balance", "empty_rows_removed", "truncated_tokens")}
+        out.update({k: int(len(getattr(self, k))) for k in ("dropped", "truncated", "split", "zero_length")})
+        return out
+
+
+def report_from_plan(p: Plan, *, lengths: np.ndarray, seq_length: int, columns, excluded, empty_removed: int,
+                     rows: int) -> PackReport:
+    truncated_tokens = int((lengths[p.truncated] - seq_length).sum()) if len(p.truncated) else 0
+    return PackReport(sequences=p.num_sequences, rows=rows, tokens=p.kept_tokens, seq_length=seq_length,
+                      algorithm=p.algorithm, overlong=p.overlong, lower_bound=p.lower_bound,
+                      efficiency=p.kept_tokens / (rows * seq_length) if rows else 1.0, columns=list(columns),
+                      excluded_columns=list(excluded), dp_size=p.dp_size, balance=p.balance,
+                      empty_rows_removed=empty_removed, truncated_tokens=truncated_tokens, dropped=p.dropped,
+                      truncated=p.truncated, split=p.split, zero_length=p.zero_length)
+
+
+def plan_rows(lengths: np.ndarray, seq_length: int, *, algorithm: Optional[str], overlong: str, dp_size: int,
+              cost: CostSpec, seed: Optional[int]) -> tuple[Plan, Segments, int]:
+    """The global plan and its rows in output order: (plan, segments, empty rows removed).
+
+    With ``dp_size > 1`` consecutive groups of ``dp_size`` rows are one balanced step; ``seed`` shuffles
+    whole steps (rows with ``dp_size == 1``), keeping a step with empty rows last, and the empty rows are
+    removed (an empty example would break trainers).
+    """
+    if algorithm is None:
+        algorithm = "ogbfd" if dp_size > 1 else "obfd"
+    p = make_plan(lengths, seq_length, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
+    seq, start, length, offsets = p.segments
+    counts = np.diff(offsets)
+    order = np.arange(p.num_bins, dtype=np.int64)
+    if seed is not None:
+        steps = order.reshape(-1, p.dp_size)
+        with_empty = (counts.reshape(-1, p.dp_size) == 0).any(axis=1)
+        rng = np.random.default_rng(seed)
+        full = steps[~with_empty]
+        order = np.concatenate([full[rng.permutation(len(full))].reshape(-1), steps[with_empty].reshape(-1)])
+    order = order[counts[order] > 0]
+    if len(order) == p.num_bins and (order == np.arange(p.num_bins)).all():
+        return p, p.segments, 0  # the plan's order as is: no copy of the segments
+    new_counts = counts[order]
+    new_offsets = np.concatenate(([0], np.cumsum(new_counts))).astype(np.int64)
+    take = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(offsets[order] - new_offsets[:-1], new_counts)
+    segments = Segments(seq[take], start[take], length[take], new_offsets)
+    return p, segments, int(p.num_bins - len(order))
+
+
+def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, overlong: str = "error",
+                 columns: Optional[Sequence[str]] = None, dp_size: int = 1, cost: CostSpec = "tokens",
+                 seed: Optional[int] = None, position_ids: bool = False, return_report: bool = False, **options):
+    """Pack a whole tokenized dataset into rows of ``seq_length`` tokens with one global plan.
+
+    Args:
+        dataset: a ``datasets.Dataset`` (or a ``ray.data.Dataset``, packed on the Ray cluster; see
+            :func:`packkit.ray_data.pack_ray_dataset` for its ``options``).
+        seq_length: tokens per packed row (> 0).
+        algorithm: planner algorithm (default ``"obfd"``; ``"ogbfd"`` when ``dp_size > 1``).
+        overlong: rows longer than ``seq_length``: ``"error"`` (default, raises before any output),
+            ``"drop"``, ``"truncate"`` (keep the first ``seq_length`` tokens of every column) or
+            ``"split"`` (consecutive pieces, each its own segment). All are reported.
+        columns: the columns to pack (default: all). Each must be a list of integers (or booleans) per
+            row with input_ids' lengths; a column that is not raises — exclude it here. Columns left
+            out are not in the output (listed in the report's ``excluded_columns``).
+        dp_size, cost: rows are ordered so that consecutive groups of ``dp_size`` rows are steps balanced
+            under ``cost`` (``"tokens"``, ``"attention"``, ``(a, b)`` or a callable; see ``packkit.plan``),
+            for trainers that deal rows round-robin to ranks in order.
+        seed: shuffle the order of rows (whole steps with ``dp_size > 1``); ``None`` keeps the plan's order.
+        position_ids: also write ``position_ids`` (list<int64>, restarting at 0 in every segment).
+        return_report: return ``(dataset, PackReport)`` instead of the dataset.
+
+    The report's summary (counts) is always in the output's ``info.description`` as JSON, after the
+    prefix ``"packkit.pack_dataset: "``. Zero-length rows hold no tokens and are in no output row
+    (counted in ``zero_length``).
+    """
+    if type(dataset).__module__.startswith("ray.data"):
+        from .ray_data import pack_ray_dataset
+
+        return pack_ray_dataset(dataset, seq_length, algorithm=algorithm, overlong=overlong, columns=columns,
+                                dp_size=dp_size, cost=cost, seed=seed, position_ids=position_ids,
+                                return_report=return_report, **options)
+    if options:
+        raise TypeError(f"unexpected options {sorted(options)} for a datasets.Dataset")
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("pack_dataset needs the datasets library: pip install datasets") from None
+    from .arrow_packing import check_row_lengths, pack_table, select_columns, token_column
+
+    if isinstance(dataset, datasets.DatasetDict):
+        raise TypeError("pack_dataset takes one datasets.Dataset; pack each split of a DatasetDict separately")
+    if not isinstance(dataset, datasets.Dataset):
+        raise TypeError(f"pack_dataset takes a datasets.Dataset or a ray.data.Dataset, got {type(dataset).__name__}"
+                        + ("; for streaming datasets use packkit.PackedIterableDataset"
+                           if isinstance(dataset, datasets.IterableDataset) else ""))
+    seq_length = _as_count(seq_length, "seq_length")
+    dp_size = _as_count(dp_size, "dp_size")
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty: there is nothing to pack")
+    chosen = select_columns(dataset.column_names, columns)
+    excluded = [c for c in dataset.column_names if c not in chosen]
+    table = dataset.select_columns(chosen).with_format("arrow")[:]  # a zero-copy slice unless rows were selected
+    cols = [token_column(name, table.column(name)) for name in chosen]
+    lengths = check_row_lengths(cols)
+
+    p, segments, empty_removed = plan_rows(lengths, seq_length, algorithm=algorithm, overlong=overlong,
+                                           dp_size=dp_size, cost=cost, seed=seed)
+    out = pack_table(cols, segments, position_ids=position_ids)
+    report = report_from_plan(p, lengths=lengths, seq_length=seq_length, columns=chosen, excluded=excluded,
+                              empty_removed=empty_removed, rows=out.num_rows)
+    info = datasets.DatasetInfo(description="packkit.pack_dataset: " + json.dumps(report.summary()),
+                                features=datasets.Features.from_arrow_schema(out.schema))
+    # An explicit fingerprint: otherwise datasets hashes every token of the new table (seconds per GB).
+    params = [dataset._fingerprint, seq_length, algorithm, overlong, chosen, dp_size,
+              cost if isinstance(cost, (str, tuple, list)) else repr(cost), seed, position_ids]
+    fingerprint = datasets.fingerprint.Hasher.hash(["packkit.pack_dataset", *params])
+    result = datasets.Dataset(out, info=info, fingerprint=fingerprint)
+    if dataset.format["type"] is not None:
+        result = result.with_format(dataset.format["type"])
+    return (result, report) if return_report else result
+
+
+def read_report(dataset) -> dict:
+    """The summary :func:`pack_dataset` wrote into ``dataset.info.description``."""
+    text = dataset.info.description or ""
+    prefix = "packkit.pack_dataset: "
+    if not text.startswith(prefix):
+        raise ValueError("this dataset was not written by packkit.pack_dataset (no report in info.description)")
+    return json.loads(text[len(prefix):])
+
+
+class PackedRowsCollator:
+    """Rows of a pre-packed dataset into a per-sequence collator (e.g. :class:`packkit.PackingCollator`).
+
+    Each row is cut at its ``seq_lengths`` into its segments (every per-token key alike) before
+    ``collator`` sees them, so documents stay separate: positions restart and no document attends to
+    another. With ``PackingCollator()`` (flat layout) the batch is the rows one after another.
+    Use with ``TrainingArguments(remove_unused_columns=False)`` so the Trainer keeps ``seq_lengths``.
+    """
+
+    def __init__(self, collator):
+        self.collator = collator
+
+    def __call__(self, features):
+        segments = []
+        for i, feature in enumerate(features):
+            if "seq_lengths" not in feature:
+                raise ValueError(f"feature {i} has no 'seq_lengths' (keys: {sorted(feature)}); PackedRowsCollator "
+                                 f"takes rows of packkit.pack_dataset / trl.pack_dataset (set "
+                                 f"remove_unused_columns=False so the Trainer keeps the column)")
+            lengths = np.asarray(feature["seq_lengths"], np.int64).reshape(-1)
+            keys = [k for k in feature if k not in ("seq_lengths", "position_ids")]
+            cuts = np.cumsum(lengths)
+            for k in keys:
+                if len(feature[k]) != int(cuts[-1] if len(cuts) else 0):
+                    raise ValueError(f"feature {i}: {k!r} has {len(feature[k])} values but its seq_lengths sum to "
+                                     f"{int(cuts[-1]) if len(cuts) else 0}")
+            parts = {k: np.split(np.asarray(feature[k]), cuts[:-1]) for k in keys}
+            segments.extend({k: parts[k][j] for k in keys} for j in range(len(lengths)))
+        return self.collator(segments)

@@ -1,0 +1,81 @@
+"""pack_dataset on Ray Data, on a local cluster (ray.init(num_cpus=2), started once for this module)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import packkit
+from dataset_checks import decode_segments, expected_segments, make_rows
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.data")
+datasets = pytest.importorskip("datasets")
+pa = pytest.importorskip("pyarrow")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+def tables(lengths, blocks):
+    ids = make_rows(lengths)
+    table = pa.table({"input_ids": pa.array(ids, type=pa.list_(pa.int64())),
+                      "labels": pa.array([r * 2 + 1 for r in ids], type=pa.list_(pa.int64()))})
+    cuts = np.linspace(0, len(lengths), blocks + 1).astype(int)
+    return table, [table.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def rows_of(ds):
+    out = {"input_ids": [], "labels": [], "seq_lengths": []}
+    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+        for k in out:
+            out[k].extend(batch.column(k).to_pylist())
+    return out
+
+
+@pytest.mark.parametrize("num_blocks", [None, 1, 5])
+def test_exactly_once_and_same_rows_as_single_process(num_blocks):
+    lengths = np.random.default_rng(0).integers(0, 90, 700)
+    table, parts = tables(lengths, 4)
+    ds = ray.data.from_arrow(parts)
+    out, report = packkit.pack_dataset(ds, 64, overlong="split", num_blocks=num_blocks, return_report=True)
+    rows = rows_of(out)
+    assert decode_segments(rows["input_ids"], rows["seq_lengths"], 64) == expected_segments(lengths, 64, "split")
+    for ids, labels in zip(rows["input_ids"], rows["labels"]):
+        assert np.array_equal(np.asarray(labels), np.asarray(ids) * 2 + 1)
+    single, single_report = packkit.pack_dataset(datasets.Dataset(table), 64, overlong="split", return_report=True)
+    assert out.count() == len(single) == report.rows
+    assert rows["seq_lengths"] == single["seq_lengths"] and rows["input_ids"] == single["input_ids"]
+    assert report.summary() == single_report.summary()
+    assert str(out.schema().base_schema.field("seq_lengths").type) == "list<item: int32>"
+
+
+def test_deterministic_for_equal_input_and_seed_with_dp_steps():
+    lengths = np.random.default_rng(1).integers(1, 200, 400)
+    _, parts = tables(lengths, 3)
+    a = rows_of(packkit.pack_dataset(ray.data.from_arrow(parts), 256, dp_size=2, cost="attention", seed=3))
+    b = rows_of(packkit.pack_dataset(ray.data.from_arrow(parts), 256, dp_size=2, cost="attention", seed=3))
+    c = rows_of(packkit.pack_dataset(ray.data.from_arrow(parts), 256, dp_size=2, cost="attention", seed=4))
+    assert a == b and a["input_ids"] != c["input_ids"]
+    assert decode_segments(a["input_ids"], a["seq_lengths"], 256) == expected_segments(lengths, 256, "error")
+
+
+def test_errors_name_global_rows_and_return_nothing():
+    parts = [pa.table({"input_ids": pa.array([[1, 2], [3]]), "labels": pa.array([[1, 2], [3]])}),
+             pa.table({"input_ids": pa.array([[4, 5, 6], [7]]), "labels": pa.array([[4, 5], [7]])})]
+    with pytest.raises(ValueError, match=r"column 'labels', row 2: 2 values but input_ids has 3"):
+        packkit.pack_dataset(ray.data.from_arrow(parts), 8)
+    with pytest.raises(ValueError, match="longer than"):
+        packkit.pack_dataset(ray.data.from_arrow(parts[:1]), 1)
+    with pytest.raises(ValueError, match="seq_length must be a positive integer"):
+        packkit.pack_dataset(ray.data.from_arrow(parts[:1]), 0)
+    with pytest.raises(ValueError, match="empty"):
+        packkit.pack_dataset(ray.data.from_arrow(parts[:1]).filter(lambda r: False), 8)
+    text = ray.data.from_items([{"input_ids": [1, 2], "text": "a b"}])
+    with pytest.raises(ValueError, match="column 'text' is not per-token"):
+        packkit.pack_dataset(text, 8)
+    assert packkit.pack_dataset(text, 8, columns=["input_ids"]).count() == 1
