@@ -8,6 +8,7 @@ from . import ops  # registers torch.ops.packkit.*
 from .collator import PackingCollator, document_causal_block_mask
 from .packing import (LAYOUTS, PackInfo, PackLayout, pack_layout, pack_on_device, pack_sequences,
                       unpack_sequences)
+from .multimodal import mrope_position_ids
 from .sampler import PackedBatchSampler
 from .streaming import PackedIterableDataset
 from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, Segments, plan
@@ -15,5 +16,5 @@ from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, Segments, plan
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences", "pack_on_device",
            "pack_layout", "PackLayout", "PackInfo", "LAYOUTS",
            "PackingCollator", "document_causal_block_mask",
-           "PackedBatchSampler", "PackedIterableDataset"]
+           "PackedBatchSampler", "PackedIterableDataset", "mrope_position_ids"]
 __version__ = "0.1.0"

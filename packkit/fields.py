@@ -187,7 +187,7 @@ def keep_in_packed_order(keep: dict, segments) -> dict:
     return {name: [values[i] for i in order] for name, values in keep.items()}
 
 
-def prepare_fields(fields, lengths: np.ndarray, *, extra_fields: str, pad_values, mrope):
+def prepare_fields(fields, lengths: np.ndarray, flat_ids: torch.Tensor, *, extra_fields: str, pad_values, mrope):
     """(SortedFields, pad values, MRopeSpec or None) for ``pack_sequences``, checked before any packing."""
     pad_values = check_pad_values(pad_values)
     spec = None
@@ -200,6 +200,15 @@ def prepare_fields(fields, lengths: np.ndarray, *, extra_fields: str, pad_values
     if not isinstance(fields, dict):
         raise TypeError(f"fields must be a dict {{name: per-sample values}}, got {type(fields).__name__}")
     token_names = ("mm_token_type_ids",) if spec is not None else ()
+    types = fields.get("mm_token_type_ids")
+    if spec is not None and isinstance(types, (list, tuple)) and any(v is None for v in types):
+        # Samples without mm_token_type_ids (e.g. text-only ones): derived from the token ids, as processors do.
+        from .multimodal.mrope import token_types
+
+        offsets = np.concatenate(([0], np.cumsum(lengths))).tolist()
+        fields = dict(fields, mm_token_type_ids=[
+            v if v is not None else token_types(flat_ids[offsets[i]:offsets[i + 1]], spec)
+            for i, v in enumerate(types)])
     return sort_fields(fields, lengths, extra_fields=extra_fields, token_names=token_names), pad_values, spec
 
 

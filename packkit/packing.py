@@ -263,7 +263,7 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
 
         if mrope is not None and position_ids_start != 0:
             raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start must be 0")
-        extra = prepare_fields(fields, seq_lengths, extra_fields=extra_fields, pad_values=pad_values, mrope=mrope)
+        extra = prepare_fields(fields, seq_lengths, flat_ids, extra_fields=extra_fields, pad_values=pad_values, mrope=mrope)
 
     if plan is None and capacity is not None:
         plan = make_plan(seq_lengths, capacity, algorithm=algorithm, overlong=overlong)
