@@ -42,9 +42,8 @@ def samples(family, seed=0):
     return out
 
 
-def model_inputs(sample_or_batch):
-    return {k: v for k, v in sample_or_batch.items()
-            if k in ("input_ids", "mm_token_type_ids", "position_ids") + VISION_KEYS}
+def model_inputs(sample):
+    return {k: v for k, v in sample.items() if k in ("input_ids", "mm_token_type_ids") + VISION_KEYS}
 
 
 def loss_and_grads(model, run):
@@ -68,7 +67,8 @@ def per_sample_reference(model, feats):
 
 
 def packed_run(model, batch):
-    return loss_and_grads(model, lambda: model(**model_inputs(batch), labels=batch["labels"], use_cache=False).loss)
+    """The whole collator batch, as a Trainer passes it (cu_seq_lens, seq_idx, ... included)."""
+    return loss_and_grads(model, lambda: model(**batch, use_cache=False).loss)
 
 
 def max_rel(a, b):
