@@ -171,10 +171,12 @@ def _check_all_ones(mask: torch.Tensor, name: str, lengths: np.ndarray) -> None:
 
 def pack_token_fields(token: dict, pad_values: dict, info, op) -> dict:
     """Pack each flat per-token field with the plan and layout of ``info`` (a ``PackInfo``): one op call each."""
+    from .packing import _to_device
+
     shape = info.layout
     out = {}
     for name, flat in token.items():
-        src = flat.to(info.cu_seqlens.device, non_blocking=True).contiguous()
+        src = _to_device(flat.contiguous(), info.cu_seqlens.device)
         packed = op(src, info.src_offsets, info.seg_seq, info.seg_start, info.cu_seqlens, info.cu_seg,
                     shape.num_rows, shape.row_len, shape.flat, float(pad_values.get(name, 0)))
         out[name] = packed.unsqueeze(0) if shape.flat else packed

@@ -290,6 +290,7 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     host = [_host_tensor(a) for a in segments]
     seg_seq, seg_start, seg_length, bin_offsets = (_to_device(t, device) for t in host)
     src_offsets = _to_device(src_offsets, device)
+    host_ids = flat_ids  # extra fields read token types on the host, without a device round trip
     flat_ids = _to_device(flat_ids.contiguous(), device)
     if flat_labels is not None:
         flat_labels = _to_device(flat_labels.contiguous(), device)
@@ -311,7 +312,7 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     if extra is not None:
         from .fields import pack_fields
 
-        pack_fields(batch, info, flat_ids, seq_lengths, *extra, _op("pack", which))
+        pack_fields(batch, info, host_ids, seq_lengths, *extra, _op("pack", which))
     return (batch, info) if return_info else batch
 
 

@@ -135,12 +135,13 @@ def sample_rows(types: np.ndarray, images: np.ndarray, videos: np.ndarray, secon
 
 
 def token_types(input_ids: torch.Tensor, spec: MRopeSpec) -> torch.Tensor:
-    """``mm_token_type_ids`` from the config's image/video token ids (what the processors return)."""
+    """``mm_token_type_ids`` (int64, host) from the config's image/video token ids, as the processors set them."""
     if spec.image_token_id is None and spec.video_token_id is None:
         raise ValueError("mm_token_type_ids is needed: the config names no image_token_id/video_token_id")
-    types = torch.zeros_like(input_ids, dtype=torch.int64)
+    ids = input_ids.detach().cpu().numpy()
+    types = np.zeros(ids.shape, np.int64)
     if spec.image_token_id is not None:
-        types[input_ids == spec.image_token_id] = 1
+        types[ids == spec.image_token_id] = 1
     if spec.video_token_id is not None:
-        types[input_ids == spec.video_token_id] = 2
-    return types
+        types[ids == spec.video_token_id] = 2
+    return torch.from_numpy(types)

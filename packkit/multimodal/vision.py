@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..fields import describe, to_tensor
+from ..packing import _to_device
 from .mrope import MRopeSpec, as_grids, sample_rows, token_types, video_grids_for_rope
 
 PAIRS = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
@@ -64,7 +65,7 @@ def concat_in_order(vision: dict, order: list, device) -> dict:
             parts = [p.reshape(-1, 3).to(torch.int64) for p in parts]
         if not parts:
             continue  # no sample in this batch has one: the model must not get an empty tensor
-        out[name] = torch.cat(parts).to(device)
+        out[name] = _to_device(torch.cat(parts), device)
     return out
 
 
@@ -116,17 +117,17 @@ def pack_multimodal(batch: dict, info, flat_ids: torch.Tensor, lengths: np.ndarr
             if src_types.dim() != 1 or src_types.dtype.is_floating_point:
                 raise ValueError(f"mm_token_type_ids must be integer, one per token; got {src_types.dtype} of shape "
                                  f"{tuple(src_types.shape)}")
-            types = src_types.detach().cpu().to(torch.int64)
-            ids = flat_ids.detach().cpu()
+            # numpy on the host: single-threaded small ops, no intra-op thread wake-ups per call
+            types = src_types.detach().cpu().numpy().astype(np.int64, copy=False)
+            ids = flat_ids.detach().cpu().numpy()
             for kind, token in ((1, spec.image_token_id), (2, spec.video_token_id)):
                 if token is not None:
-                    bad = torch.nonzero((ids == token) != (types == kind)).flatten()
+                    bad = np.flatnonzero((ids == token) != (types == kind))
                     if len(bad):
                         i = int(np.searchsorted(offsets, int(bad[0]), side="right")) - 1
                         raise ValueError(f"sample {i}: token {int(bad[0]) - int(offsets[i])} disagrees between input_ids "
                                          f"(id {token} marks {'image' if kind == 1 else 'video'} tokens) and "
                                          f"mm_token_type_ids")
-            types = types.numpy()
         else:
             types = token_types(flat_ids.detach().cpu(), spec).numpy()
         tokens_at = np.flatnonzero(types)
@@ -142,11 +143,26 @@ def pack_multimodal(batch: dict, info, flat_ids: torch.Tensor, lengths: np.ndarr
         src = mrope_source(types, offsets, vision_samples.tolist(), images, videos, vision.get("second_per_grid_ts"),
                            spec)
         shape = info.layout
-        rows = op(torch.from_numpy(src).to(device), info.src_offsets, info.seg_seq, info.seg_start, info.cu_seqlens,
+        rows = op(_to_device(torch.from_numpy(src), device), info.src_offsets, info.seg_seq, info.seg_start, info.cu_seqlens,
                   info.cu_seg, shape.num_rows, shape.row_len, shape.flat, -1.0)
         rows = rows.view(*text.shape, 3).movedim(-1, 0)
-        rows = torch.where(rows < 0, text.unsqueeze(0), rows)  # text-only segments and padding: the text positions
     else:
-        rows = text.unsqueeze(0).expand(3, *text.shape)
-    out["position_ids"] = torch.cat((text.unsqueeze(0), rows)).contiguous()
+        rows = None
+    out["position_ids"] = _stack_positions(text, rows)
     return out
+
+
+def _stack_positions(text: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
+    """``[4, *text.shape]``: the text positions, then ``rows`` with -1 (text-only segments, padding) -> text."""
+    if text.device.type == "cpu":
+        # numpy: a few single-threaded passes; torch's intra-op threads cost more than the work on small CPUs
+        t = text.numpy()
+        out = np.empty((4, *t.shape), np.int64)
+        out[:] = t
+        if rows is not None:
+            r = rows.numpy()
+            np.copyto(out[1:], r, where=r >= 0)
+        return torch.from_numpy(out)
+    if rows is None:
+        return text.unsqueeze(0).expand(4, *text.shape).contiguous()
+    return torch.cat((text.unsqueeze(0), torch.where(rows < 0, text.unsqueeze(0), rows)))
