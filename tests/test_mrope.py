@@ -206,3 +206,29 @@ def test_streaming_carries_multimodal_features_end_to_end():
     assert sorted(seen) == list(range(len(feats)))
     flat = packkit.PackedIterableDataset(feats, 64, buffer_size=16, layout="flat", mrope=model.config)
     assert sorted(i for item in flat for i in check_packed_against_samples(item, feats, model)) == list(range(40))
+
+
+def test_qwen3_vl_moe_uses_its_own_get_rope_index():
+    """Qwen3-VL-MoE: the spec reads its config, and the rows equal its model class's ``get_rope_index``
+    (called on a stand-in holding only the config: the method reads nothing else)."""
+    import transformers
+    from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as moe
+
+    base = model_of("qwen3_vl").config
+    config = transformers.Qwen3VLMoeConfig(vision_config=base.vision_config.to_dict(), image_token_id=90,
+                                           video_token_id=91)
+    spec = packkit.multimodal.mrope_spec(config)
+    assert spec.family == "qwen3_vl_moe" and spec.frames_as_grids and spec.spatial_merge_size == MERGE
+
+    class StandIn:
+        get_rope_index = moe.Qwen3VLMoeModel.get_rope_index
+        get_vision_position_ids = moe.Qwen3VLMoeModel.get_vision_position_ids
+
+    stand_in = StandIn()
+    stand_in.config = config
+    rng = np.random.default_rng(8)
+    s = make_sample(rng, [("text", 3), ("video", (3, 4, 2)), ("image", (2, 4)), ("text", 2)], "qwen3_vl")
+    ids, types = torch.tensor([s["input_ids"]]), torch.tensor([s["mm_token_type_ids"]])
+    want, _ = stand_in.get_rope_index(ids, types, s["image_grid_thw"], s["video_grid_thw"].clone())
+    got = packkit.mrope_position_ids(ids, types, s["image_grid_thw"], s["video_grid_thw"], config)
+    assert torch.equal(got[1:], want)
