@@ -135,6 +135,18 @@ def test_inconsistent_samples_name_the_sample(breaks, match):
         _bad(feats)
 
 
+def test_vision_without_tokens_raises():
+    rng = np.random.default_rng(9)
+    image = make_sample(rng, [("image", (2, 2))])
+    empty = {"input_ids": [], "pixel_values": image["pixel_values"], "image_grid_thw": image["image_grid_thw"]}
+    with pytest.raises(ValueError, match="sample 1 holds vision inputs but no tokens"):
+        packkit.PackingCollator()([{"input_ids": [1, 2]}, empty])
+    text = {"input_ids": [1, 2, 3], "mm_token_type_ids": [0, 0, 0], "pixel_values": image["pixel_values"],
+            "image_grid_thw": image["image_grid_thw"]}
+    with pytest.raises(ValueError, match="sample 0: image_grid_thw has 1 grid"):
+        _bad([text])
+
+
 def test_vision_samples_are_never_cut():
     rng = np.random.default_rng(4)
     feats = [make_sample(rng, [("text", 4), ("image", (4, 4)), ("text", 10)])]

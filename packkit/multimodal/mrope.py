@@ -88,11 +88,9 @@ def sample_rows(types: np.ndarray, images: np.ndarray, videos: np.ndarray, secon
     """
     n = len(types)
     out = np.empty((3, n), np.int64)
-    if n == 0:
-        return out
     bounds = np.flatnonzero(types[1:] != types[:-1]) + 1
-    starts = np.concatenate(([0], bounds)).tolist()
-    ends = np.concatenate((bounds, [n])).tolist()
+    starts = np.concatenate(([0], bounds)).tolist() if n else []
+    ends = np.concatenate((bounds, [n])).tolist() if n else []
     m = spec.spatial_merge_size
     cur = 0
     used = [0, 0]

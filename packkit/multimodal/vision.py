@@ -73,6 +73,9 @@ def whole_samples_only(segments, lengths: np.ndarray, samples: np.ndarray, what:
     """ValueError if the plan truncated or split one of ``samples`` (their vision blocks would be cut)."""
     if not len(samples):
         return
+    empty = samples[lengths[samples] == 0]
+    if len(empty):
+        raise ValueError(f"sample {int(empty[0])} holds {what} but no tokens")
     mark = np.zeros(len(lengths), bool)
     mark[samples] = True
     seq = segments.seq_index
