@@ -10,6 +10,8 @@ A field of a batch of samples (``{name: [value of sample 0, value of sample 1, .
   ``position_ids`` / ``cu_seq_lens``); a zero inside a sample is an upstream padding bug and raises.
 * **vision** (``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``,
   ``second_per_grid_ts``): per-sample tensors concatenated in packed order by :mod:`packkit.multimodal`.
+* ``position_ids``, ``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``: packkit computes them; ValueError
+  unless ``extra_fields="drop"``.
 * anything else: ``extra_fields="error"`` (default) raises ValueError naming the field and its shape;
   ``"drop"`` leaves it out on purpose; ``"keep"`` returns it as a list with one entry per packed segment,
   in packed order.
@@ -110,8 +112,11 @@ def sort_fields(fields: dict, lengths: np.ndarray, *, extra_fields: str = "error
     token, vis, keep, dropped = {}, {}, {}, []
     for name, values in fields.items():
         if name in OUTPUT_KEYS:
-            raise ValueError(f"field {name!r} is computed by packkit for the packed batch; remove it from the samples "
-                             f"(packkit recomputes it per packed segment)")
+            if extra_fields == "drop":
+                dropped.append(name)
+                continue
+            raise ValueError(f"field {name!r} is computed by packkit for the packed batch (per packed segment); "
+                             f"remove it from the samples or pass extra_fields='drop'")
         if isinstance(values, torch.Tensor):  # a flat source, like input_ids with lengths=
             if values.dim() < 1 or values.shape[0] != total:
                 raise ValueError(f"field {name!r}: a flat tensor must have sum(lengths)={total} rows, got shape "

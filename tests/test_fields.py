@@ -64,6 +64,9 @@ def test_unknown_fields_raise_drop_or_keep():
     kept = PackingCollator(5, layout="padded", extra_fields="keep")(feats)
     order = [int(r[0]) for r in kept["input_ids"]]  # first id of each row tells the sample
     assert kept["id"] == ["c", "a", "b"] and kept["score"] == [2.5, 0.5, 1.5] and order == [6, 1]
+    with_positions = [dict(f, position_ids=list(range(len(f["input_ids"])))) for f in feats]
+    assert torch.equal(PackingCollator(extra_fields="drop")(with_positions)["position_ids"],
+                       PackingCollator(extra_fields="drop")(feats)["position_ids"])
     with pytest.raises(ValueError, match="unknown extra_fields policy 'ignore'"):
         PackingCollator(extra_fields="ignore")
 
