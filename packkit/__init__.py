@@ -8,6 +8,7 @@ from . import ops  # registers torch.ops.packkit.*
 from .collator import PackingCollator, document_causal_block_mask
 from .packing import (LAYOUTS, PackInfo, PackLayout, pack_layout, pack_on_device, pack_sequences,
                       unpack_sequences)
+from .multimodal import mrope_position_ids
 from .sampler import PackedBatchSampler
 from .streaming import PackedIterableDataset
 from .plan_check import PLAN_ERRORS, check_plan
@@ -18,6 +19,5 @@ __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_
            "pack_layout", "check_plan", "PLAN_ERRORS", "PackLayout", "PackInfo", "LAYOUTS",
            "PackingCollator", "document_causal_block_mask",
            "PackedBatchSampler", "PackedIterableDataset", "pack_dataset", "PackReport",
-           "PackedRowsCollator"]
-
+           "PackedRowsCollator", "mrope_position_ids"]
 __version__ = "0.1.0"

@@ -47,6 +47,13 @@ class PackingCollator:
             ``seq_idx``) under ``attention_mask``, the key HF's flex-attention path reads it from.
         return_num_items: add ``num_items_in_batch`` (0-d int64 tensor, labels that count in the
             loss) so the loss is normalised by tokens, not by rows; HF models pass it to their loss.
+        pad_values, extra_fields: every other feature key is packed or refused, never dropped silently
+            (:mod:`packkit.fields`): per-token fields are packed like ``input_ids`` (padding
+            ``pad_values.get(name, 0)``), an all-ones ``attention_mask`` is accepted and left out, vision
+            inputs are concatenated in packed order, and anything else raises unless ``extra_fields`` is
+            ``"drop"`` or ``"keep"`` (a list in packed order).
+        mrope: a Qwen2-VL / Qwen2.5-VL / Qwen3-VL(-MoE) config or model: ``position_ids`` is ``[4, B, L]``
+            (row 0 text positions, rows 1-3 each sample's mRoPE rows, as the model's ``get_rope_index``).
     """
 
     def __init__(self, capacity: Optional[int] = None, *, layout: str = "flat", algorithm: str = "obfd",
@@ -54,7 +61,8 @@ class PackingCollator:
                  pad_to_capacity: bool = True, pad_token_id: int = 0, ignore_index: int = -100,
                  separator_id: Optional[int] = -100, position_ids_start: int = 0, device=None,
                  backend: str = "auto", return_block_mask: bool = False, return_num_items: bool = False,
-                 input_key: str = "input_ids", label_key: str = "labels"):
+                 input_key: str = "input_ids", label_key: str = "labels", pad_values: Optional[dict] = None,
+                 extra_fields: str = "error", mrope=None):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
         if algorithm not in ALGORITHMS:
@@ -74,13 +82,25 @@ class PackingCollator:
         self.position_ids_start, self.device, self.backend = position_ids_start, device, backend
         self.return_block_mask, self.return_num_items = return_block_mask, return_num_items
         self.input_key, self.label_key = input_key, label_key
+        from .fields import check_pad_values, check_policy
+
+        self.pad_values, self.extra_fields = check_pad_values(pad_values), check_policy(extra_fields)
+        if mrope is not None:
+            from .multimodal import mrope_spec
+
+            mrope = mrope_spec(mrope)
+            if position_ids_start != 0:
+                raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start "
+                                 "must be 0")
+        self.mrope = mrope
 
     # -- features -> flat host tensors ----------------------------------------------------------
     def _gather(self, features):
-        """(flat ids, flat labels or None, lengths), with one flatten per key for the whole batch."""
+        """(flat ids, flat labels or None, lengths, other fields), with one flatten per key for the whole batch."""
         if not isinstance(features, (list, tuple)):
             raise TypeError(f"PackingCollator expects a list of features, got {type(features).__name__}")
         ids_raw, label_raw, label_kind = [], [], []
+        fields = {}
         for i, feature in enumerate(features):
             if isinstance(feature, Mapping):
                 if self.input_key not in feature:
@@ -89,24 +109,27 @@ class PackingCollator:
                 kind = next((k for k in (self.label_key, *LABEL_MASK_KEYS) if feature.get(k) is not None), None)
                 label_kind.append(kind)
                 label_raw.append(feature[kind] if kind else None)
+                for key in feature:
+                    if key != self.input_key and key != kind and key not in fields:
+                        fields[key] = [f.get(key) if isinstance(f, Mapping) else None for f in features]
             else:
                 ids_raw.append(feature)
                 label_kind.append(None)
                 label_raw.append(None)
         if not ids_raw:
-            return torch.zeros(0, dtype=torch.int64), None, np.zeros(0, np.int64)
+            return torch.zeros(0, dtype=torch.int64), None, np.zeros(0, np.int64), fields
         flat_ids, lengths = flatten_sequences(ids_raw, name=self.input_key)
         if flat_ids.dim() != 1 or flat_ids.dtype.is_floating_point or flat_ids.dtype == torch.bool:
             raise TypeError(f"{self.input_key} must be 1-D sequences of integer token ids")
         if all(k is None for k in label_kind):
-            return flat_ids, None, lengths
+            return flat_ids, None, lengths, fields
         if all(k == self.label_key for k in label_kind):
             flat_labels, label_lengths = flatten_sequences(label_raw, name=self.label_key)
             if not np.array_equal(label_lengths, lengths):
                 i = int(np.flatnonzero(label_lengths != lengths)[0])
                 raise ValueError(f"feature {i}: {self.label_key} has {label_lengths[i]} entries but "
                                  f"{self.input_key} has {lengths[i]}")
-            return flat_ids, flat_labels.to(torch.int64), lengths
+            return flat_ids, flat_labels.to(torch.int64), lengths, fields
         # Mixed: labels, completion/assistant masks, or none (labels = ids) per feature.
         offsets = np.concatenate(([0], np.cumsum(lengths)))
         parts = []
@@ -121,11 +144,12 @@ class PackingCollator:
                                  f"{self.input_key} has {ids.shape[0]}")
             parts.append(values.to(torch.int64) if kind == self.label_key
                          else torch.where(values.to(torch.bool), ids, self.ignore_index))
-        return flat_ids, torch.cat(parts), lengths
+        return flat_ids, torch.cat(parts), lengths, fields
 
     # -- the batch -------------------------------------------------------------------------------
     def __call__(self, features) -> dict:
-        flat_ids, flat_labels, lengths = self._gather(features)
+        flat_ids, flat_labels, lengths, fields = self._gather(features)
+        extra = dict(fields=fields, pad_values=self.pad_values, extra_fields=self.extra_fields, mrope=self.mrope)
         mask_first = self.separator_id is not None
         if self.layout == "flat":
             plan = make_plan(lengths, self.capacity, algorithm="nf", overlong=self.overlong) if self.capacity else None
@@ -136,7 +160,7 @@ class PackingCollator:
             batch, info = pack_sequences(flat_ids, lengths, labels=flat_labels, plan=plan, layout="flat", row_len=row_len,
                                          pad_token_id=self.pad_token_id, ignore_index=self.ignore_index,
                                          mask_first_label=mask_first, position_ids_start=self.position_ids_start,
-                                         device=self.device, backend=self.backend, return_info=True)
+                                         device=self.device, backend=self.backend, return_info=True, **extra)
         else:
             plan = make_plan(lengths, self.capacity, algorithm=self.algorithm, overlong=self.overlong)
             row_len = self.capacity
@@ -151,7 +175,7 @@ class PackingCollator:
                                          num_rows=num_rows, row_len=row_len, pad_token_id=self.pad_token_id,
                                          ignore_index=self.ignore_index, mask_first_label=mask_first,
                                          position_ids_start=self.position_ids_start, device=self.device,
-                                         backend=self.backend, return_info=True)
+                                         backend=self.backend, return_info=True, **extra)
         if mask_first and self.separator_id != self.ignore_index:
             self._set_first_labels(batch, info)
         if self.return_num_items:

@@ -200,7 +200,9 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
                    capacity: Optional[int] = None, algorithm: str = "obfd", overlong: str = "error",
                    layout: str = "flat", num_rows: Optional[int] = None, row_len: Optional[int] = None,
                    pad_token_id: int = 0, ignore_index: int = -100, mask_first_label: bool = True,
-                   position_ids_start: int = 0, device=None, backend: str = "auto", return_info: bool = False):
+                   position_ids_start: int = 0, device=None, backend: str = "auto", return_info: bool = False,
+                   fields: Optional[dict] = None, pad_values: Optional[dict] = None, extra_fields: str = "error",
+                   mrope=None):
     """Pack token sequences into one batch with the keys HF models take.
 
     Args:
@@ -220,6 +222,13 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
             non-blocking from pinned memory and the kernels never synchronise.
         backend: ``"auto"`` (CUDA kernels if built, else Triton), ``"cpu"``, ``"cuda"``, ``"triton"``.
         return_info: also return a :class:`PackInfo` for :func:`unpack_sequences`.
+        fields: other per-sample fields ``{name: [value per sequence]}`` (or, with ``lengths``, flat
+            ``[sum(lengths), *f]`` tensors for per-token fields); see :mod:`packkit.fields`. Per-token fields
+            are packed like the ids (padding = ``pad_values.get(name, 0)``), an all-ones ``attention_mask``
+            is accepted and left out, vision inputs (``pixel_values``, ``image_grid_thw``, ...) are
+            concatenated in packed order, anything else follows ``extra_fields`` ("error", "drop", "keep").
+        mrope: a Qwen2-VL/2.5-VL/3-VL(-MoE) config or model: ``position_ids`` becomes ``[4, B, L]`` (row 0
+            the text positions, rows 1-3 each sequence's mRoPE rows as the model's ``get_rope_index``).
 
     Returns ``{input_ids, labels, position_ids, seq_idx, cu_seq_lens_q, cu_seq_lens_k, max_length_q,
     max_length_k}``. Padding (padded layout, or a flat ``row_len`` beyond the data) is its own
@@ -248,6 +257,14 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
         if flat_labels.dtype not in (torch.int64, torch.int32):
             flat_labels = flat_labels.to(torch.int64)
 
+    extra = None
+    if fields or mrope is not None:
+        from .fields import prepare_fields
+
+        if mrope is not None and position_ids_start != 0:
+            raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start must be 0")
+        extra = prepare_fields(fields, seq_lengths, flat_ids, extra_fields=extra_fields, pad_values=pad_values, mrope=mrope)
+
     if plan is None and capacity is not None:
         plan = make_plan(seq_lengths, capacity, algorithm=algorithm, overlong=overlong)
     if plan is not None:
@@ -273,6 +290,7 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     host = [_host_tensor(a) for a in segments]
     seg_seq, seg_start, seg_length, bin_offsets = (_to_device(t, device) for t in host)
     src_offsets = _to_device(src_offsets, device)
+    host_ids = flat_ids  # extra fields read token types on the host, without a device round trip
     flat_ids = _to_device(flat_ids.contiguous(), device)
     if flat_labels is not None:
         flat_labels = _to_device(flat_labels.contiguous(), device)
@@ -286,11 +304,16 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     batch = {"input_ids": ids, "labels": lab, "position_ids": pos, "seq_idx": seq_idx,
              "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": shape.max_seqlen,
              "max_length_k": shape.max_seqlen}
-    if not return_info:
+    if not return_info and extra is None:
         return batch
     cu_seg = _op("layout", which)(seg_length, bin_offsets, shape.num_rows, shape.row_len, shape.flat,
                                   shape.num_cu_seqlens)[1]
-    return batch, PackInfo(shape, segments, seg_seq, seg_start, src_offsets, cu, cu_seg, seq_lengths)
+    info = PackInfo(shape, segments, seg_seq, seg_start, src_offsets, cu, cu_seg, seq_lengths)
+    if extra is not None:
+        from .fields import pack_fields
+
+        pack_fields(batch, info, host_ids, seq_lengths, *extra, _op("pack", which))
+    return (batch, info) if return_info else batch
 
 
 def unpack_sequences(packed: torch.Tensor, info: PackInfo, *, padded: bool = False, max_len: Optional[int] = None,

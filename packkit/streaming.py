@@ -39,7 +39,8 @@ STATE_FORMAT = "packkit.PackedIterableDataset/1"
 _HF_BATCH = 256  # rows per read from a datasets.IterableDataset
 _STAT_KEYS = ("examples", "dropped", "truncated", "split", "zero_length", "items", "rows", "tokens")
 
-# A piece: (source position, first token, ids int64 array, labels int64 array or None).
+# A piece: (source position, first token, ids int64 array, labels int64 array or None,
+#          other fields of the example {name: value} or None; see packkit.fields).
 
 
 class _Progress:
@@ -138,6 +139,10 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         rank, world_size: data-parallel sharding; default: ``torch.distributed`` when initialised, else
             one rank. Pass the unsplit source: shard ``rank * num_workers + worker`` of
             ``world_size * num_workers`` takes the examples at positions congruent to it.
+        pad_values, extra_fields, mrope: as in :class:`packkit.PackingCollator`: other example fields are
+            packed (per-token fields like the ids, vision inputs in packed order) or refused, never dropped
+            silently; ``mrope=config`` gives ``[4, B, L]`` Qwen-VL positions. An example with fields other
+            than per-token ones cannot be truncated or split (ValueError).
 
     Each item is ``packkit.pack_sequences(...)``'s dict for its rows (HF keys ``input_ids, labels,
     position_ids, seq_idx, cu_seq_lens_q/k, max_length_q/k``), so use ``DataLoader(ds, batch_size=None)``.
@@ -150,7 +155,8 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                  position_ids_start: int = 0, input_key: str = "input_ids", label_key: Optional[str] = "labels",
                  carry_threshold: float = 0.99, max_carry: Optional[int] = None, max_carries: int = 8,
                  return_example_ids: bool = False,
-                 rank: Optional[int] = None, world_size: Optional[int] = None):
+                 rank: Optional[int] = None, world_size: Optional[int] = None, pad_values: Optional[dict] = None,
+                 extra_fields: str = "error", mrope=None):
         super().__init__()
         if isinstance(source, (str, bytes, Mapping)) or not (callable(source) or hasattr(source, "__iter__")
                                                             or hasattr(source, "__getitem__")):
@@ -196,6 +202,17 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"max_carries must be a non-negative int, got {max_carries!r}")
         self.max_carries = int(max_carries)
         self.return_example_ids = bool(return_example_ids)
+        from .fields import check_pad_values, check_policy
+
+        self.pad_values, self.extra_fields = check_pad_values(pad_values), check_policy(extra_fields)
+        if mrope is not None:
+            from .multimodal import mrope_spec
+
+            mrope = mrope_spec(mrope)
+            if self.position_ids_start != 0:
+                raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start "
+                                 "must be 0")
+        self.mrope = mrope
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither (then torch.distributed decides)")
         if world_size is not None:
@@ -353,11 +370,19 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                 if len(labels) != len(ids):
                     raise ValueError(f"example {position} has {len(ids)} {self.input_key} but {len(labels)} "
                                      f"{self.label_key}")
+            extras = {k: v for k, v in example.items() if k != self.input_key and k != self.label_key} or None
+            if extras and "attention_mask" in extras:  # all ones: accepted, not needed (checked here, per example)
+                mask = extras.pop("attention_mask")
+                if mask is not None and (_token_array(mask, position, "attention_mask") != 1).any() \
+                        or mask is not None and len(mask) != len(ids):
+                    raise ValueError(f"example {position}: attention_mask is not all ones (padding inside an example); "
+                                     f"packed rows need unpadded examples: remove the padding upstream")
+                extras = extras or None
         else:
             if isinstance(example, (numbers.Number, str, bytes)) or example is None:
                 raise TypeError(f"example {position} is a {type(example).__name__}; examples must be dicts with "
                                 f"{self.input_key!r} or sequences of token ids")
-            ids, labels = _token_array(example, position, "the token sequence"), None
+            ids, labels, extras = _token_array(example, position, "the token sequence"), None, None
         n, cap = len(ids), self.capacity
         if stats is not None:
             stats["examples"] += 1
@@ -366,7 +391,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                 stats["zero_length"] += 1
             return []
         if n <= cap:
-            return [(position, 0, ids, labels)]
+            return [(position, 0, ids, labels, extras)]
         if self.overlong == "error":
             raise ValueError(f"example {position} has {n} tokens, more than capacity={cap}; pass "
                              f"overlong='drop', 'truncate' or 'split' to handle over-long examples")
@@ -374,9 +399,20 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             stats[{"drop": "dropped", "truncate": "truncated", "split": "split"}[self.overlong]] += 1
         if self.overlong == "drop":
             return []
+        if extras:
+            from .fields import _first_dim
+
+            whole = [k for k, v in extras.items() if v is not None and _first_dim(v) != n]
+            if whole:
+                raise ValueError(f"example {position} has {n} tokens, more than capacity={cap}, and field(s) "
+                                 f"{', '.join(map(repr, whole))} that are not per-token, so it cannot be "
+                                 f"{self.overlong}d (a vision block or per-example value would be cut or repeated); "
+                                 f"use overlong='drop' or a larger capacity")
         if self.overlong == "truncate":
-            return [(position, 0, ids[:cap], None if labels is None else labels[:cap])]
-        return [(position, s, ids[s:s + cap], None if labels is None else labels[s:s + cap])
+            return [(position, 0, ids[:cap], None if labels is None else labels[:cap],
+                     extras and {k: None if v is None else v[:cap] for k, v in extras.items()})]
+        return [(position, s, ids[s:s + cap], None if labels is None else labels[s:s + cap],
+                 extras and {k: None if v is None else v[s:s + cap] for k, v in extras.items()})
                 for s in range(0, n, cap)]
 
     def _open(self, progress: _Progress, pending: list) -> tuple[dict, Iterator]:
@@ -426,13 +462,16 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         if any(p[3] is not None for p in pieces):
             labels = torch.from_numpy(np.concatenate([p[2] if p[3] is None else p[3] for p in pieces]))
         padded = self.layout == "padded"
+        names = list(dict.fromkeys(k for p in pieces if p[4] for k in p[4]))
+        fields = {k: [p[4].get(k) if p[4] else None for p in pieces] for k in names}
         return pack_sequences(
             ids, lengths, labels=labels,
             plan=Plan.from_bins(lengths, np.split(np.arange(len(lengths)), offsets[1:-1]), self.capacity,
                                 algorithm=self.algorithm),
             layout=self.layout, num_rows=num_rows if padded else None, row_len=self.capacity if padded else None,
             pad_token_id=self.pad_token_id, ignore_index=self.ignore_index, mask_first_label=self.mask_first_label,
-            position_ids_start=self.position_ids_start)
+            position_ids_start=self.position_ids_start, fields=fields, pad_values=self.pad_values,
+            extra_fields=self.extra_fields, mrope=self.mrope)
 
     def _add_ids(self, batch: dict, rows: list) -> dict:
         if self.return_example_ids:
@@ -459,6 +498,9 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         """
         k = self.rows_per_item or 1
         cap = self.capacity
+        if self.mrope is not None or any(p[4] for row in rows for p in row):
+            # Extra fields (vision tensors, [4, B, L] positions): one pack per item, no slicing to get wrong.
+            return [self._item(rows[j * k:(j + 1) * k]) for j in range(len(rows) // k)]
         batch = self._pack(rows, None)
         piece_len = [[len(p[2]) for p in row] for row in rows]
         row_tokens = np.array([sum(r) for r in piece_len], np.int64)

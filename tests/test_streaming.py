@@ -447,6 +447,9 @@ def test_matches_tokenized_hf_pipeline():
     rows = [{"input_ids": rng.integers(1, 1000, int(n)).tolist(), "attention_mask": [1] * int(n), "text": "x"}
             for n in rng.integers(1, 70, 120)]
     table = datasets.Dataset.from_list(rows).with_format("torch")
-    items = list(PackedIterableDataset(table, 128, buffer_size=40, return_example_ids=True))
+    with pytest.raises(ValueError, match="field 'text' is not per-token"):  # unknown columns are never dropped silently
+        list(PackedIterableDataset(table, 128, buffer_size=40))
+    items = list(PackedIterableDataset(table, 128, buffer_size=40, return_example_ids=True, extra_fields="drop"))
     check_items(items, [{"input_ids": r["input_ids"]} for r in rows], 128)
+    assert "attention_mask" not in items[0] and "text" not in items[0]
     assert all(isinstance(as_array(item["input_ids"]), np.ndarray) for item in items)

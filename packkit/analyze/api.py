@@ -228,6 +228,9 @@ def analyze_lengths(lengths, out_dir: str | Path | None = None, *, max_lengths="
 def analyze(data: str | Path, out_dir: str | Path | None = None, *, format: str = "auto", split: str | None = None,
             max_samples: int | None = None, length_fields=(), ids_fields=(), text_fields=(),
             tokenizer: str | Path | None = None, add_special_tokens: bool = True, extra_tokens: int = 0,
+            image_size_fields=(), image_width_field: str | None = None, image_height_field: str | None = None,
+            vision_model: str | None = None, patch_size: int | None = None, merge_size: int | None = None,
+            min_pixels: int | None = None, max_pixels: int | None = None, image_extra_tokens: int = 0,
             progress: bool | None = None, command: str | None = None, **options) -> AnalyzeResult:
     """Reads every sample's length from ``data`` (JSONL/JSON, Parquet, Arrow, a saved ``datasets`` folder,
     a text file or ``.npy`` of lengths), then runs :func:`analyze_lengths` (``options``) on them.
@@ -236,11 +239,27 @@ def analyze(data: str | Path, out_dir: str | Path | None = None, *, format: str 
     lists) + tokens of ``text_fields`` (strings or chat messages, with the local ``tokenizer`` folder)
     + ``extra_tokens``. With no field given, a field named like ``length``/``num_tokens`` or
     ``input_ids`` is used (or ``text`` when a tokenizer is given).
+
+    Vision-language data: ``image_size_fields`` (``{"width", "height"}`` dicts or ``[W, H]`` pairs, or lists
+    of them per sample) or ``image_width_field`` + ``image_height_field`` add each image's tokens by the
+    resize rule of ``vision_model`` ("qwen2-vl", "qwen2.5-vl", "qwen3-vl"; ``patch_size``, ``merge_size``,
+    ``min_pixels``, ``max_pixels`` override its numbers) plus ``image_extra_tokens`` per image.
     """
     Options(**options)  # bad options fail before a long read
+    vision = None
+    if vision_model is not None:
+        from .vision_tokens import VisionTokenRule
+
+        vision = VisionTokenRule.for_family(vision_model, patch_size=patch_size, merge_size=merge_size,
+                                            min_pixels=min_pixels, max_pixels=max_pixels,
+                                            extra_tokens_per_image=image_extra_tokens)
+    elif any(v is not None for v in (patch_size, merge_size, min_pixels, max_pixels)) or image_extra_tokens:
+        raise AnalyzeError("patch_size/merge_size/min_pixels/max_pixels/image_extra_tokens need vision_model "
+                           "(--vision-model qwen2-vl|qwen2.5-vl|qwen3-vl)")
     spec = LengthSpec(count_fields=length_fields, ids_fields=ids_fields, text_fields=text_fields,
                       tokenizer=None if tokenizer is None else str(tokenizer), add_special_tokens=add_special_tokens,
-                      extra_tokens=extra_tokens)
+                      extra_tokens=extra_tokens, image_size_fields=image_size_fields,
+                      image_width_field=image_width_field, image_height_field=image_height_field, vision=vision)
     t = time.perf_counter()
     read = read_lengths(data, spec, format=format, split=split, max_samples=max_samples, progress=progress)
     seconds = time.perf_counter() - t

@@ -66,6 +66,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--no-special-tokens", action="store_true", help="count text without BOS/EOS special tokens")
     g.add_argument("--extra-tokens", type=int, default=0, metavar="N",
                    help="tokens added to every sample (e.g. 1 for an EOS appended when packing)")
+    g = p.add_argument_group("image tokens (vision-language data)")
+    g.add_argument("--image-size-field", action="append", metavar="NAME",
+                   help="field holding image sizes: {\"width\": W, \"height\": H}, [W, H], or a list of them")
+    g.add_argument("--image-width-field", metavar="NAME", help="field holding image width(s) in pixels")
+    g.add_argument("--image-height-field", metavar="NAME", help="field holding image height(s) in pixels")
+    g.add_argument("--vision-model", choices=["qwen2-vl", "qwen2.5-vl", "qwen3-vl"],
+                   help="resize rule for image tokens (patch/merge size, min/max pixels of the released models)")
+    g.add_argument("--patch-size", type=int, metavar="N", help="override the family's patch size")
+    g.add_argument("--merge-size", type=int, metavar="N", help="override the family's spatial merge size")
+    g.add_argument("--min-pixels", type=int, metavar="N", help="override the family's min_pixels")
+    g.add_argument("--max-pixels", type=int, metavar="N", help="override the family's max_pixels")
+    g.add_argument("--image-extra-tokens", type=int, default=0, metavar="N",
+                   help="tokens added per image (e.g. 2 for vision start/end tokens the text lacks; default 0)")
     g = p.add_argument_group("packing simulation")
     g.add_argument("--max-lengths", default="auto", metavar="LIST",
                    help="comma-separated max lengths (tokens per row); 'auto' = powers of two from the median to "
@@ -139,6 +152,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             length_fields=_fields(args.length_field), ids_fields=_fields(args.ids_field),
             text_fields=_fields(args.text_field), tokenizer=args.tokenizer,
             add_special_tokens=not args.no_special_tokens, extra_tokens=args.extra_tokens, progress=args.progress,
+            image_size_fields=_fields(args.image_size_field), image_width_field=args.image_width_field,
+            image_height_field=args.image_height_field, vision_model=args.vision_model, patch_size=args.patch_size,
+            merge_size=args.merge_size, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
+            image_extra_tokens=args.image_extra_tokens,
             max_lengths=args.max_lengths, algorithms=args.algorithms, overlong=args.overlong, dp_size=args.dp_size,
             cost=args.cost, target_efficiency=args.target_efficiency,
             max_dropped_fraction=args.max_dropped_fraction, batch_size=args.batch_size, epochs=args.epochs,

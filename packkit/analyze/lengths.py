@@ -7,12 +7,15 @@ A sample's length is the **sum** over the chosen fields (seed 001 counts text + 
   with ``list_value_length``, no Python loop);
 * ``text_fields``: strings (or chat-message lists) counted with a local tokenizer;
 
+* ``image_size_fields`` / ``image_width_field`` + ``image_height_field``: image sizes, turned into image
+  tokens by a Qwen-VL resize rule (``vision``, :mod:`packkit.analyze.vision_tokens`);
+
 plus ``extra_tokens`` per sample (e.g. an EOS or separator appended when packing).
 Text files and ``.npy`` arrays of lengths need no fields.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +23,7 @@ import numpy as np
 from .errors import AnalyzeError, optional
 from .readers import KIND, Chunk, ColumnarSource, FastPathUnavailable, RecordSource, open_source, read_lengths_file
 from .tokenize import TokenCounter
+from .vision_tokens import VisionTokenRule, image_tokens
 
 COUNT_NAMES = ("length", "num_tokens", "n_tokens", "token_count", "num_token", "seq_len", "seqlen", "len",
                "total_tokens", "tokens")
@@ -35,9 +39,13 @@ class LengthSpec:
     tokenizer: str | None = None
     add_special_tokens: bool = True
     extra_tokens: int = 0
+    image_size_fields: tuple[str, ...] = ()
+    image_width_field: str | None = None
+    image_height_field: str | None = None
+    vision: VisionTokenRule | None = None
 
     def __post_init__(self):
-        for name in ("count_fields", "ids_fields", "text_fields"):
+        for name in ("count_fields", "ids_fields", "text_fields", "image_size_fields"):
             value = getattr(self, name)
             if isinstance(value, str):
                 value = (value,)
@@ -46,10 +54,28 @@ class LengthSpec:
             raise AnalyzeError(f"text fields {list(self.text_fields)} need --tokenizer DIR (a local tokenizer folder)")
         if isinstance(self.extra_tokens, bool) or not isinstance(self.extra_tokens, int) or self.extra_tokens < 0:
             raise AnalyzeError(f"extra_tokens must be a non-negative integer, got {self.extra_tokens!r}")
+        if (self.image_width_field is None) != (self.image_height_field is None):
+            raise AnalyzeError("image width and height fields go together: pass both --image-width-field and "
+                               "--image-height-field")
+        if self.image_fields and self.vision is None:
+            raise AnalyzeError("image size fields need a resize rule: pass --vision-model qwen2-vl|qwen2.5-vl|qwen3-vl "
+                               "(and optionally --patch-size/--merge-size/--min-pixels/--max-pixels)")
+        if self.vision is not None and not self.image_fields:
+            raise AnalyzeError("--vision-model needs image sizes: pass --image-size-field NAME or "
+                               "--image-width-field W --image-height-field H")
+
+    @property
+    def token_fields(self) -> tuple[str, ...]:
+        return self.count_fields + self.ids_fields + self.text_fields
+
+    @property
+    def image_fields(self) -> tuple[str, ...]:
+        pair = (self.image_width_field, self.image_height_field) if self.image_width_field is not None else ()
+        return self.image_size_fields + pair
 
     @property
     def fields(self) -> tuple[str, ...]:
-        return self.count_fields + self.ids_fields + self.text_fields
+        return self.token_fields + self.image_fields
 
     def describe(self) -> dict:
         return asdict(self)
@@ -66,20 +92,19 @@ class LengthsRead:
 
 
 def _guess_spec(spec: LengthSpec, names: list[str], types: dict, path: Path) -> LengthSpec:
-    """Fills in the length source from the column names when no field was given."""
-    if spec.fields:
+    """Fills in the length source from the column names when no token field was given."""
+    if spec.token_fields:
         return spec
     if spec.tokenizer is not None:
         for name in TEXT_NAMES:
             if name in names:
-                return LengthSpec(text_fields=(name,), tokenizer=spec.tokenizer,
-                                  add_special_tokens=spec.add_special_tokens, extra_tokens=spec.extra_tokens)
+                return replace(spec, text_fields=(name,))
     for name in COUNT_NAMES:
         if name in names and types.get(name) == "count":
-            return LengthSpec(count_fields=(name,), extra_tokens=spec.extra_tokens)
+            return replace(spec, count_fields=(name,))
     for name in IDS_NAMES:
         if name in names and types.get(name) == "ids":
-            return LengthSpec(ids_fields=(name,), extra_tokens=spec.extra_tokens)
+            return replace(spec, ids_fields=(name,))
     raise AnalyzeError(f"cannot tell which field holds the length (fields: {', '.join(names) or 'none'}); pass "
                        "--length-field NAME (token counts), --ids-field NAME (token id lists) or --text-field NAME "
                        "with --tokenizer DIR; several are summed", path)
@@ -222,6 +247,23 @@ def _arrow_chunk_lengths(chunk: Chunk, spec: LengthSpec, counter, path) -> np.nd
         total += _ids_column_arrow(pa, pc, _arrow_column(pa, chunk.table, name, path), name, chunk, path)
     for name in spec.text_fields:
         total += _text_column_arrow(pa, pc, _arrow_column(pa, chunk.table, name, path), name, chunk, path, counter)
+    if spec.vision is not None:
+        def column(name):
+            return _arrow_column(pa, chunk.table, name, path).to_pylist()
+
+        total += _images_of(spec, len(chunk), column, lambda i: (path, chunk.location(i)))
+    return total
+
+
+def _images_of(spec: LengthSpec, n: int, column, where) -> np.ndarray:
+    """Image tokens per sample of a chunk (``column(name)`` gives a field's values as Python objects)."""
+    total = np.zeros(n, np.int64)
+    for name in spec.image_size_fields:
+        total += image_tokens(spec.vision, n, where, sizes=column(name), names=(name, None, None))
+    if spec.image_width_field is not None:
+        total += image_tokens(spec.vision, n, where, widths=column(spec.image_width_field),
+                              heights=column(spec.image_height_field),
+                              names=(None, spec.image_width_field, spec.image_height_field))
     return total
 
 
@@ -277,6 +319,8 @@ def _record_chunk_lengths(chunk: Chunk, spec: LengthSpec, counter, path) -> np.n
         total += np.fromiter(map(len, column), dtype=np.int64, count=n)
     for name in spec.text_fields:
         total += counter.count(values(name), name, where)
+    if spec.vision is not None:
+        total += _images_of(spec, n, values, where)
     return total
 
 
@@ -301,8 +345,8 @@ def _read_columnar(source: ColumnarSource, spec: LengthSpec, limit, progress, pa
 
 
 def _jsonl_schema(pa, spec: LengthSpec):
-    if any("." in name for name in spec.fields) or len(set(spec.fields)) != len(spec.fields):
-        return None
+    if any("." in name for name in spec.fields) or len(set(spec.fields)) != len(spec.fields) or spec.image_fields:
+        return None  # image sizes (dicts, lists) are read by the Python reader
     fields = [(n, pa.int64()) for n in spec.count_fields]
     fields += [(n, pa.list_(pa.int64())) for n in spec.ids_fields]
     fields += [(n, pa.large_string()) for n in spec.text_fields]
@@ -310,7 +354,7 @@ def _jsonl_schema(pa, spec: LengthSpec):
 
 
 def _read_records(source: RecordSource, spec: LengthSpec, limit, progress, path) -> tuple[np.ndarray, LengthSpec, str]:
-    if not spec.fields:
+    if not spec.token_fields:
         first = source.first_record()
         if first is None:
             raise AnalyzeError("no samples (the file holds no records)", path)
@@ -360,5 +404,9 @@ def read_lengths(path: str | Path, spec: LengthSpec | None = None, *, format: st
             "length_source": {"count_fields": list(spec.count_fields), "ids_fields": list(spec.ids_fields),
                               "text_fields": list(spec.text_fields), "tokenizer": spec.tokenizer,
                               "add_special_tokens": spec.add_special_tokens if spec.text_fields else None,
-                              "extra_tokens": spec.extra_tokens}}
+                              "extra_tokens": spec.extra_tokens,
+                              **({"image_size_fields": list(spec.image_size_fields),
+                                  "image_width_field": spec.image_width_field,
+                                  "image_height_field": spec.image_height_field,
+                                  "vision": spec.vision.describe()} if spec.vision is not None else {})}}
     return LengthsRead(np.ascontiguousarray(lengths, dtype=np.int64), info)
