@@ -149,9 +149,9 @@ def _status(src_offsets, seg_seq, seg_start, seg_length, bin_offsets, cu_seqlens
         ok = (seq >= 0) & (seq < num_sequences)
         return torch.where(ok, seq_len[seq.clamp(0, num_sequences - 1)], 0)
 
-    flag((seg_seq < 0) | (seg_seq >= num_sequences), 2)
     total = row_len * num_rows
-    if seg_length is not None:
+    if seg_length is not None:  # every segment is laid out; pack/unpack read only those cu_seg names
+        flag((seg_seq < 0) | (seg_seq >= num_sequences), 2)
         flag((seg_start < 0) | (seg_length < 1) | (seg_start > lengths_of(seg_seq) - seg_length), 4)
         num_bins = bin_offsets.numel() - 1
         flag((bin_offsets[:1] != 0) | (bin_offsets[-1:] != num_segments) | (bin_offsets[1:] < bin_offsets[:-1]).any(),
