@@ -5,6 +5,7 @@ the planner and the pack kernels as torch ops; ``packkit.pack_sequences`` turns 
 batch with HF key names, and ``packkit.unpack_sequences`` brings per-token outputs back.
 """
 from . import ops  # registers torch.ops.packkit.*
+from .buffers import PackBuffers
 from .collator import PackingCollator, document_causal_block_mask
 from .packing import (LAYOUTS, PackInfo, PackLayout, pack_layout, pack_on_device, pack_sequences,
                       unpack_sequences)
@@ -16,5 +17,5 @@ from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, Segments, plan
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences", "pack_on_device",
            "pack_layout", "check_plan", "PLAN_ERRORS", "PackLayout", "PackInfo", "LAYOUTS",
            "PackingCollator", "document_causal_block_mask",
-           "PackedBatchSampler", "PackedIterableDataset"]
+           "PackedBatchSampler", "PackedIterableDataset", "PackBuffers"]
 __version__ = "0.1.0"

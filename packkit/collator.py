@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .buffers import PackBuffers
 from .packing import LAYOUTS, flatten_sequences, pack_sequences
 from .planning import ALGORITHMS, OVERLONG_POLICIES, plan as make_plan
 
@@ -47,6 +48,15 @@ class PackingCollator:
             ``seq_idx``) under ``attention_mask``, the key HF's flex-attention path reads it from.
         return_num_items: add ``num_items_in_batch`` (0-d int64 tensor, labels that count in the
             loss) so the loss is normalised by tokens, not by rows; HF models pass it to their loss.
+        reuse_buffers: pack into the collator's own :class:`packkit.PackBuffers` instead of fresh
+            tensors (faster on the CPU, fixed addresses for CUDA graphs). The returned tensors are then
+            **overwritten ``num_buffers`` calls later**: a batch is safe while the next
+            ``num_buffers - 1`` are built. Enough for a loop that drops each batch before it asks for
+            the next one after that (``num_buffers=2``). Not safe with a batch kept longer (a list of
+            batches), nor with DataLoader workers unless ``num_buffers`` exceeds the batches in flight
+            (each worker has its own ring; in flight per worker: ``prefetch_factor`` + the one the loop
+            holds + 1); ``.clone()`` what you keep.
+        num_buffers: size of that ring (default 2).
     """
 
     def __init__(self, capacity: Optional[int] = None, *, layout: str = "flat", algorithm: str = "obfd",
@@ -54,7 +64,8 @@ class PackingCollator:
                  pad_to_capacity: bool = True, pad_token_id: int = 0, ignore_index: int = -100,
                  separator_id: Optional[int] = -100, position_ids_start: int = 0, device=None,
                  backend: str = "auto", return_block_mask: bool = False, return_num_items: bool = False,
-                 input_key: str = "input_ids", label_key: str = "labels"):
+                 input_key: str = "input_ids", label_key: str = "labels", reuse_buffers: bool = False,
+                 num_buffers: int = 2):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
         if algorithm not in ALGORITHMS:
@@ -74,6 +85,7 @@ class PackingCollator:
         self.position_ids_start, self.device, self.backend = position_ids_start, device, backend
         self.return_block_mask, self.return_num_items = return_block_mask, return_num_items
         self.input_key, self.label_key = input_key, label_key
+        self.buffers = PackBuffers(num_buffers) if reuse_buffers else None
 
     # -- features -> flat host tensors ----------------------------------------------------------
     def _gather(self, features):
@@ -136,7 +148,7 @@ class PackingCollator:
             batch, info = pack_sequences(flat_ids, lengths, labels=flat_labels, plan=plan, layout="flat", row_len=row_len,
                                          pad_token_id=self.pad_token_id, ignore_index=self.ignore_index,
                                          mask_first_label=mask_first, position_ids_start=self.position_ids_start,
-                                         device=self.device, backend=self.backend, return_info=True)
+                                         device=self.device, backend=self.backend, return_info=True, out=self.buffers)
         else:
             plan = make_plan(lengths, self.capacity, algorithm=self.algorithm, overlong=self.overlong)
             row_len = self.capacity
@@ -151,13 +163,15 @@ class PackingCollator:
                                          num_rows=num_rows, row_len=row_len, pad_token_id=self.pad_token_id,
                                          ignore_index=self.ignore_index, mask_first_label=mask_first,
                                          position_ids_start=self.position_ids_start, device=self.device,
-                                         backend=self.backend, return_info=True)
+                                         backend=self.backend, return_info=True, out=self.buffers)
         if mask_first and self.separator_id != self.ignore_index:
             self._set_first_labels(batch, info)
         if self.return_num_items:
             batch["num_items_in_batch"] = batch["labels"].ne(self.ignore_index).sum()
         if self.return_block_mask:
-            batch["attention_mask"] = document_causal_block_mask(batch["seq_idx"])
+            # The mask keeps seq_idx for attention time: a reused buffer would change under it.
+            seq_idx = batch["seq_idx"] if self.buffers is None else batch["seq_idx"].clone()
+            batch["attention_mask"] = document_causal_block_mask(seq_idx)
         return batch
 
     def _set_first_labels(self, batch: dict, info) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from . import ops
+from .buffers import PackBuffers
 from .planning import Plan, Segments, plan as make_plan
 
 LAYOUTS = ("flat", "padded")
@@ -200,7 +201,8 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
                    capacity: Optional[int] = None, algorithm: str = "obfd", overlong: str = "error",
                    layout: str = "flat", num_rows: Optional[int] = None, row_len: Optional[int] = None,
                    pad_token_id: int = 0, ignore_index: int = -100, mask_first_label: bool = True,
-                   position_ids_start: int = 0, device=None, backend: str = "auto", return_info: bool = False):
+                   position_ids_start: int = 0, device=None, backend: str = "auto", return_info: bool = False,
+                   out: Optional[PackBuffers] = None):
     """Pack token sequences into one batch with the keys HF models take.
 
     Args:
@@ -220,6 +222,9 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
             non-blocking from pinned memory and the kernels never synchronise.
         backend: ``"auto"`` (CUDA kernels if built, else Triton), ``"cpu"``, ``"cuda"``, ``"triton"``.
         return_info: also return a :class:`PackInfo` for :func:`unpack_sequences`.
+        out: a :class:`packkit.PackBuffers` to pack into (``packkit::pack_batch_out``) instead of fresh
+            tensors: the returned tensors (and ``PackInfo``'s) are views of its buffers, bit-identical
+            to a fresh pack, and are overwritten ``out.num_buffers`` calls later (see PackBuffers).
 
     Returns ``{input_ids, labels, position_ids, seq_idx, cu_seq_lens_q, cu_seq_lens_k, max_length_q,
     max_length_k}``. Padding (padded layout, or a flat ``row_len`` beyond the data) is its own
@@ -230,6 +235,8 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
+    if out is not None and not isinstance(out, PackBuffers):
+        raise TypeError(f"out must be a packkit.PackBuffers, got {type(out).__name__}")
     flat_ids, seq_lengths = flatten_sequences(sequences, lengths)
     if flat_ids.dim() != 1:
         raise ValueError(f"input ids must be 1-D per sequence, got trailing dims {tuple(flat_ids.shape[1:])}")
@@ -277,7 +284,8 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     if flat_labels is not None:
         flat_labels = _to_device(flat_labels.contiguous(), device)
 
-    ids, lab, pos, seq_idx, cu = _op("pack_batch", which)(
+    pack_batch = _op("pack_batch", which) if out is None else out.packer(_op("pack_batch_out", which))
+    ids, lab, pos, seq_idx, cu = pack_batch(
         flat_ids, flat_labels, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, shape.num_rows,
         shape.row_len, shape.flat, shape.num_cu_seqlens, int(pad_token_id), int(ignore_index),
         bool(mask_first_label), int(position_ids_start))
@@ -288,8 +296,10 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
              "max_length_k": shape.max_seqlen}
     if not return_info:
         return batch
-    cu_seg = _op("layout", which)(seg_length, bin_offsets, shape.num_rows, shape.row_len, shape.flat,
-                                  shape.num_cu_seqlens)[1]
+    cu_seg = out.cu_seg_of(cu) if out is not None else None
+    if cu_seg is None:
+        cu_seg = _op("layout", which)(seg_length, bin_offsets, shape.num_rows, shape.row_len, shape.flat,
+                                      shape.num_cu_seqlens)[1]
     return batch, PackInfo(shape, segments, seg_seq, seg_start, src_offsets, cu, cu_seg, seq_lengths)
 
 
