@@ -10,7 +10,10 @@ Aliasing contract (read this before holding on to a batch): a ring of ``num_buff
 is used round-robin, so the tensors a call returns are **overwritten by the call ``num_buffers``
 later**. With ``num_buffers=2`` the batch you are training on stays intact while the next one is
 packed. Anything that keeps a batch longer (a list of batches, a DataLoader queue of prefetched
-batches, a CUDA stream other than the one packing) needs a larger ring, or ``.clone()``.
+batches, a CUDA stream other than the one packing) needs a larger ring, or ``.clone()``. In DataLoader
+workers the buffers become shared memory that the main process maps, so a worker's next batches
+write into tensors the training loop already holds: use ``num_buffers >= prefetch_factor`` + the
+batches the loop holds (tested in tests/test_buffer_reuse.py).
 """
 from __future__ import annotations
 

@@ -53,9 +53,10 @@ class PackingCollator:
             **overwritten ``num_buffers`` calls later**: a batch is safe while the next
             ``num_buffers - 1`` are built. Enough for a loop that drops each batch before it asks for
             the next one after that (``num_buffers=2``). Not safe with a batch kept longer (a list of
-            batches), nor with DataLoader workers unless ``num_buffers`` exceeds the batches in flight
-            (each worker has its own ring; in flight per worker: ``prefetch_factor`` + the one the loop
-            holds + 1); ``.clone()`` what you keep.
+            batches): ``.clone()`` what you keep. DataLoader workers each get their own ring, and a
+            worker's buffers are shared memory with the main process, so there ``num_buffers`` must be
+            at least ``prefetch_factor`` + the batches the loop holds (e.g. 4 for prefetch_factor=2 and
+            a loop holding the current and previous batch; 3 was measured to corrupt that loop).
         num_buffers: size of that ring (default 2).
     """
 

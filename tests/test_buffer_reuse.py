@@ -4,6 +4,7 @@ steady state, and keep the documented ring contract."""
 from __future__ import annotations
 
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -156,3 +157,26 @@ def test_collator_pickles_without_its_buffers():
     assert len(pickle.dumps(collator)) < 10_000  # configuration only, not the packed tokens
     assert clone.buffers.num_buffers == 3 and clone.buffers.allocations == 0
     assert same_batch(clone([{"input_ids": [1, 2, 3]}]), PackingCollator()([{"input_ids": [1, 2, 3]}]))
+
+
+def _held_batches_corrupted(num_buffers: int) -> int:
+    """DataLoader with one worker (prefetch_factor=2); the loop holds the current and previous batch.
+    Counts observations of a held batch whose tokens changed under it."""
+    from torch.utils.data import DataLoader
+
+    data = [{"input_ids": [i + 1] * 4} for i in range(24)]
+    collator = PackingCollator(capacity=8, layout="padded", num_rows=1, reuse_buffers=True, num_buffers=num_buffers)
+    held, corrupted = [], 0
+    for i, batch in enumerate(DataLoader(data, batch_size=1, collate_fn=collator, num_workers=1, prefetch_factor=2,
+                                         multiprocessing_context="fork")):
+        held = (held + [(i, batch["input_ids"])])[-2:]
+        time.sleep(0.02)  # a training step: the worker runs ahead as far as prefetch_factor allows
+        corrupted += sum(int(t[0, 0]) != j + 1 for j, t in held)
+    return corrupted
+
+
+def test_dataloader_worker_ring_size_contract():
+    """The documented rule: num_buffers >= prefetch_factor + batches held (2 + 2) is safe; the control
+    shows a smaller ring really does corrupt held batches (worker buffers are shared memory)."""
+    assert _held_batches_corrupted(4) == 0
+    assert _held_batches_corrupted(2) > 0
