@@ -17,6 +17,10 @@ Every system gets its input in its natural form, built before timing:
     position_ids / cu_seqlens), call alone.
   * ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)`` on
     the same sequences as features (one flat row, no padding), call alone.
+  * fresh vs reused outputs (issue 17): ``pack_sequences(..., out=PackBuffers())`` (warm buffers), the
+    ``pack_batch`` op (fresh outputs) vs ``pack_batch_out`` into reused outputs with the plan excluded,
+    and ``torch.Tensor.copy_`` of the same output bytes into fresh vs warm memory; the fresh/reused
+    ratios of medians and the load average are printed and stored under ``fresh_over_reused``.
 Times are medians of the repeats (``gc.collect()`` before each); slow peers run fewer repeats.
 GPU section: device-to-device copy bandwidth vs pack_batch (bytes that must move: ids + labels read
 once, ids + labels + position_ids + seq_idx written once) at 1M/16M/64M tokens, CUDA vs Triton,
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import time
 from pathlib import Path
@@ -102,7 +107,7 @@ def cpu_section(n: int, repeats: int, slow_repeats: int) -> list[dict]:
         r = rows_of(out)
         rows.append({"system": system, "median_s": median, "times_s": times, "rows": r,
                      "efficiency": efficiency(tokens, r, CAPACITY) if r else None, "note": note})
-        print(f"  {system:<44} {median * 1000:10.1f} ms  rows {r}")
+        print(f"  {system:<52} {median * 1000:10.1f} ms  rows {r}")
         del out
         return median
 
@@ -114,6 +119,7 @@ def cpu_section(n: int, repeats: int, slow_repeats: int) -> list[dict]:
         lambda b: -(-b["input_ids"].shape[1] // CAPACITY), "one [1, T] row of obfd bins")
     add("pytorch reference, vectorised (plan+pack)", lambda: torch_reference(flat, lengths, CAPACITY), repeats,
         lambda out: out[0].shape[0])
+    reuse_rows(add, flat, lengths, repeats)
     try:
         import fast_axolotl
 
@@ -134,6 +140,42 @@ def cpu_section(n: int, repeats: int, slow_repeats: int) -> list[dict]:
     except ImportError:
         print("  transformers not installed: skipped")
     return rows
+
+
+def reuse_rows(add, flat: torch.Tensor, lengths: np.ndarray, repeats: int) -> None:
+    """Fresh vs reused outputs (issue 17): the same packs into buffers kept across calls (warmed by one
+    untimed call), the op alone with the plan excluded, and torch's copy_ of the same bytes into fresh
+    vs warm memory (what a page fault per 4 KiB page costs on this machine)."""
+    for layout in ("padded", "flat"):
+        buffers = packkit.PackBuffers()
+        packkit.pack_sequences(flat, lengths, capacity=CAPACITY, layout=layout, out=buffers)
+        add(f"packkit pack_sequences {layout}, reused out=PackBuffers",
+            lambda: packkit.pack_sequences(flat, lengths, capacity=CAPACITY, layout=layout, out=buffers), repeats,
+            (lambda b: b["input_ids"].shape[0]) if layout == "padded" else
+            (lambda b: -(-b["input_ids"].shape[1] // CAPACITY)), "warm buffers, plan included")
+        buffers.release()
+    plan = packkit.plan(lengths, CAPACITY)
+    shape = packkit.pack_layout(plan.segments, flat=False, row_len=CAPACITY)
+    segs = [torch.from_numpy(a.copy()) for a in plan.segments]
+    offs = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))))
+    ops = torch.ops.packkit
+    add("op pack_batch, fresh outputs (plan excluded)",
+        lambda: ops.pack_batch(flat, None, offs, *segs, shape.num_rows, CAPACITY, False, shape.num_cu_seqlens),
+        repeats, lambda out: out[0].shape[0], "padded layout")
+    outs = packkit.PackBuffers().pack_batch_outputs((shape.num_rows, CAPACITY), shape.num_cu_seqlens, flat.dtype,
+                                                    flat.dtype, "cpu")
+    ops.pack_batch_out(flat, None, offs, *segs, False, *outs)
+    add("op pack_batch_out, reused outputs (plan excluded)",
+        lambda: ops.pack_batch_out(flat, None, offs, *segs, False, *outs) or outs, repeats,
+        lambda out: out[0].shape[0], "padded layout, warm")
+    nbytes = sum(t.numel() * t.element_size() for t in outs)
+    del outs
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    add(f"torch copy_ {nbytes / 1e6:.0f} MB, fresh destination", lambda: torch.empty_like(src).copy_(src), repeats,
+        lambda out: 0, "the output bytes of pack_batch")
+    dst = torch.empty_like(src).copy_(src)
+    add(f"torch copy_ {nbytes / 1e6:.0f} MB, warm destination", lambda: dst.copy_(src), repeats, lambda out: 0,
+        "the output bytes of pack_batch")
 
 
 def gpu_section(repeats: int) -> list[dict]:
@@ -177,13 +219,22 @@ def gpu_section(repeats: int) -> list[dict]:
             call = lambda: op(flat, None, offs, *segs, layout.num_rows, layout.row_len, False,  # noqa: E731
                               layout.num_cu_seqlens)
             call()
-            seconds = event_time(call)
-            bw = moved / seconds
-            results.append({"tokens": src, "backend": backend, "median_s": seconds, "bytes": moved,
-                            "bandwidth_GBps": bw / 1e9, "copy_bandwidth_GBps": copy_bw / 1e9,
-                            "fraction_of_copy": bw / copy_bw})
-            print(f"  {src:>11,} tokens {backend:<7} {seconds * 1e6:9.1f} us  {bw / 1e9:7.1f} GB/s  "
-                  f"{bw / copy_bw:6.1%} of copy ({copy_bw / 1e9:.0f} GB/s)")
+            # The same pack into reused outputs (pack_batch_out): no allocation inside the timed call.
+            out_op = getattr(torch.ops.packkit, ("" if backend == "cuda" else "triton_") + "pack_batch_out", None)
+            outs = packkit.PackBuffers().pack_batch_outputs((layout.num_rows, layout.row_len), layout.num_cu_seqlens,
+                                                            flat.dtype, flat.dtype, device)
+            reused = None if out_op is None else (lambda: out_op(flat, None, offs, *segs, False, *outs))  # noqa: E731
+            for variant, fn in (("fresh", call), ("reused", reused)):
+                if fn is None:
+                    continue
+                fn()
+                seconds = event_time(fn)
+                bw = moved / seconds
+                results.append({"tokens": src, "backend": backend, "outputs": variant, "median_s": seconds,
+                                "bytes": moved, "bandwidth_GBps": bw / 1e9, "copy_bandwidth_GBps": copy_bw / 1e9,
+                                "fraction_of_copy": bw / copy_bw})
+                print(f"  {src:>11,} tokens {backend:<7} {variant:<7} {seconds * 1e6:9.1f} us  {bw / 1e9:7.1f} GB/s  "
+                      f"{bw / copy_bw:6.1%} of copy ({copy_bw / 1e9:.0f} GB/s)")
     return results
 
 
@@ -199,10 +250,10 @@ def main() -> None:
     rows = cpu_section(n, repeats, slow_repeats=1 if not args.quick else 2)
     base = rows[0]["median_s"]
     best_torch = min(r["median_s"] for r in rows if r["system"].startswith("pytorch"))
-    print(f"\n{'system':<44} {'median':>10} {'vs packkit':>11} {'rows':>8} {'efficiency':>11}")
+    print(f"\n{'system':<52} {'median':>10} {'vs packkit':>11} {'rows':>8} {'efficiency':>11}")
     for r in rows:
         eff = f"{r['efficiency']:.4%}" if r["efficiency"] else "-"
-        print(f"{r['system']:<44} {r['median_s'] * 1000:8.1f}ms {r['median_s'] / base:10.2f}x {r['rows'] or '-':>8} "
+        print(f"{r['system']:<52} {r['median_s'] * 1000:8.1f}ms {r['median_s'] / base:10.2f}x {r['rows'] or '-':>8} "
               f"{eff:>11}")
     targets = {"vs_pytorch_reference": best_torch / base}
     fa = [r for r in rows if r["system"].startswith("fast_axolotl")]
@@ -212,10 +263,28 @@ def main() -> None:
     if hf:
         targets["vs_transformers_collator"] = hf[0]["median_s"] / base
     targets["packkit_efficiency"] = rows[0]["efficiency"]
+    by_name = {r["system"]: r["median_s"] for r in rows}
+
+    def ratio(fresh_prefix, reused_prefix):
+        fresh = [v for k, v in by_name.items() if k.startswith(fresh_prefix)]
+        reused = [v for k, v in by_name.items() if k.startswith(reused_prefix)]
+        return fresh[0] / reused[0] if fresh and reused else None
+
+    reuse = {"pack_sequences_padded": ratio("packkit pack_sequences padded (", "packkit pack_sequences padded, reused"),
+             "pack_sequences_flat": ratio("packkit pack_sequences flat (", "packkit pack_sequences flat, reused"),
+             "op_pack_batch": ratio("op pack_batch, fresh", "op pack_batch_out, reused"),
+             "copy_": None}
+    copies = [v for k, v in by_name.items() if k.startswith("torch copy_")]  # fresh first, then warm
+    if len(copies) == 2:
+        reuse["copy_"] = copies[0] / copies[1]
+    print("\nFresh / reused outputs (same run, ratio of medians): "
+          + ", ".join(f"{k} {v:.2f}x" for k, v in reuse.items() if v is not None)
+          + f"; load average {os.getloadavg()[0]:.2f}")
     print("\nTargets: >= 10x fast_axolotl, >= 5x the PyTorch reference, >= 99.9% efficiency")
     print("  " + ", ".join(f"{k} = {v:.4g}" for k, v in targets.items()))
-    doc = {"machine": machine_info(), "workload": {"sequences": n, "lengths": "uniform 16..1024",
-                                                   "capacity": CAPACITY}, "cpu": rows, "targets": targets}
+    doc = {"machine": machine_info(load_average=os.getloadavg()), "workload": {"sequences": n, "lengths": "uniform 16..1024",
+                                                   "capacity": CAPACITY}, "cpu": rows, "targets": targets,
+           "fresh_over_reused": reuse}
     if args.gpu and torch.cuda.is_available():
         print("\nGPU section")
         doc["gpu"] = gpu_section(max(repeats, 10))
