@@ -17,10 +17,11 @@ Every system gets its input in its natural form, built before timing:
     position_ids / cu_seqlens), call alone.
   * ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)`` on
     the same sequences as features (one flat row, no padding), call alone.
-  * fresh vs reused outputs (issue 17): ``pack_sequences(..., out=PackBuffers())`` (warm buffers), the
-    ``pack_batch`` op (fresh outputs) vs ``pack_batch_out`` into reused outputs with the plan excluded,
-    and ``torch.Tensor.copy_`` of the same output bytes into fresh vs warm memory; the fresh/reused
-    ratios of medians and the load average are printed and stored under ``fresh_over_reused``.
+  * fresh vs reused outputs (issue 17), each pair timed alternately: ``pack_sequences`` vs
+    ``pack_sequences(..., out=PackBuffers())``, the ``pack_batch`` op vs ``pack_batch_out`` into reused
+    outputs (plan excluded), and ``torch.Tensor.copy_`` of the same output bytes into fresh vs warm
+    memory; the fresh/reused ratios of medians and the load average are printed and stored under
+    ``fresh_over_reused``.
 Times are medians of the repeats (``gc.collect()`` before each); slow peers run fewer repeats.
 GPU section: device-to-device copy bandwidth vs pack_batch (bytes that must move: ids + labels read
 once, ids + labels + position_ids + seq_idx written once) at 1M/16M/64M tokens, CUDA vs Triton,
@@ -119,7 +120,13 @@ def cpu_section(n: int, repeats: int, slow_repeats: int) -> list[dict]:
         lambda b: -(-b["input_ids"].shape[1] // CAPACITY), "one [1, T] row of obfd bins")
     add("pytorch reference, vectorised (plan+pack)", lambda: torch_reference(flat, lengths, CAPACITY), repeats,
         lambda out: out[0].shape[0])
-    reuse_rows(add, flat, lengths, repeats)
+
+    def record(system, times, note):
+        rows.append({"system": system, "median_s": statistics.median(times), "times_s": times, "rows": None,
+                     "efficiency": None, "note": note})
+        print(f"  {system:<52} {statistics.median(times) * 1000:10.1f} ms")
+
+    reuse_rows(record, flat, lengths, repeats)
     try:
         import fast_axolotl
 
@@ -142,40 +149,54 @@ def cpu_section(n: int, repeats: int, slow_repeats: int) -> list[dict]:
     return rows
 
 
-def reuse_rows(add, flat: torch.Tensor, lengths: np.ndarray, repeats: int) -> None:
-    """Fresh vs reused outputs (issue 17): the same packs into buffers kept across calls (warmed by one
-    untimed call), the op alone with the plan excluded, and torch's copy_ of the same bytes into fresh
-    vs warm memory (what a page fault per 4 KiB page costs on this machine)."""
+def paired(fresh, reused, repeats: int):
+    """Medians of fresh() and reused() timed alternately (F, R, F, R, ...) after one untimed call of
+    each, so load drift on a shared machine hits both sides alike."""
+    fresh(), reused()
+    times = ([], [])
+    for _ in range(repeats):
+        for fn, out in zip((fresh, reused), times):
+            result = None
+            gc.collect()
+            start = time.perf_counter()
+            result = fn()
+            out.append(time.perf_counter() - start)
+            del result
+    return times
+
+
+def reuse_rows(record, flat: torch.Tensor, lengths: np.ndarray, repeats: int) -> None:
+    """Fresh vs reused outputs (issue 17), each pair timed alternately: pack_sequences with fresh
+    outputs vs ``out=PackBuffers()``; the op alone (plan excluded): pack_batch vs pack_batch_out into
+    reused outputs; torch's copy_ of the same output bytes into fresh vs warm memory (what first-touch
+    page faults cost on this machine)."""
     for layout in ("padded", "flat"):
         buffers = packkit.PackBuffers()
-        packkit.pack_sequences(flat, lengths, capacity=CAPACITY, layout=layout, out=buffers)
-        add(f"packkit pack_sequences {layout}, reused out=PackBuffers",
-            lambda: packkit.pack_sequences(flat, lengths, capacity=CAPACITY, layout=layout, out=buffers), repeats,
-            (lambda b: b["input_ids"].shape[0]) if layout == "padded" else
-            (lambda b: -(-b["input_ids"].shape[1] // CAPACITY)), "warm buffers, plan included")
+        call = lambda out=None: packkit.pack_sequences(flat, lengths, capacity=CAPACITY, layout=layout,  # noqa: E731
+                                                       out=out)
+        fresh_t, reused_t = paired(call, lambda: call(buffers), repeats)
+        record(f"reuse: pack_sequences {layout}, fresh outputs", fresh_t, "plan + pack, paired with the next row")
+        record(f"reuse: pack_sequences {layout}, out=PackBuffers", reused_t, "plan + pack, warm buffers")
         buffers.release()
     plan = packkit.plan(lengths, CAPACITY)
     shape = packkit.pack_layout(plan.segments, flat=False, row_len=CAPACITY)
     segs = [torch.from_numpy(a.copy()) for a in plan.segments]
     offs = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))))
     ops = torch.ops.packkit
-    add("op pack_batch, fresh outputs (plan excluded)",
-        lambda: ops.pack_batch(flat, None, offs, *segs, shape.num_rows, CAPACITY, False, shape.num_cu_seqlens),
-        repeats, lambda out: out[0].shape[0], "padded layout")
     outs = packkit.PackBuffers().pack_batch_outputs((shape.num_rows, CAPACITY), shape.num_cu_seqlens, flat.dtype,
                                                     flat.dtype, "cpu")
-    ops.pack_batch_out(flat, None, offs, *segs, False, *outs)
-    add("op pack_batch_out, reused outputs (plan excluded)",
-        lambda: ops.pack_batch_out(flat, None, offs, *segs, False, *outs) or outs, repeats,
-        lambda out: out[0].shape[0], "padded layout, warm")
+    fresh_t, reused_t = paired(
+        lambda: ops.pack_batch(flat, None, offs, *segs, shape.num_rows, CAPACITY, False, shape.num_cu_seqlens),
+        lambda: ops.pack_batch_out(flat, None, offs, *segs, False, *outs), repeats)
+    record("reuse: op pack_batch, fresh outputs", fresh_t, "padded layout, plan excluded")
+    record("reuse: op pack_batch_out, reused outputs", reused_t, "padded layout, plan excluded")
     nbytes = sum(t.numel() * t.element_size() for t in outs)
     del outs
     src = torch.ones(nbytes, dtype=torch.uint8)
-    add(f"torch copy_ {nbytes / 1e6:.0f} MB, fresh destination", lambda: torch.empty_like(src).copy_(src), repeats,
-        lambda out: 0, "the output bytes of pack_batch")
-    dst = torch.empty_like(src).copy_(src)
-    add(f"torch copy_ {nbytes / 1e6:.0f} MB, warm destination", lambda: dst.copy_(src), repeats, lambda out: 0,
-        "the output bytes of pack_batch")
+    dst = torch.empty_like(src)
+    fresh_t, reused_t = paired(lambda: torch.empty_like(src).copy_(src), lambda: dst.copy_(src), repeats)
+    record(f"reuse: torch copy_ {nbytes / 1e6:.0f} MB, fresh destination", fresh_t, "pack_batch's output bytes")
+    record(f"reuse: torch copy_ {nbytes / 1e6:.0f} MB, warm destination", reused_t, "pack_batch's output bytes")
 
 
 def gpu_section(repeats: int) -> list[dict]:
@@ -264,21 +285,10 @@ def main() -> None:
         targets["vs_transformers_collator"] = hf[0]["median_s"] / base
     targets["packkit_efficiency"] = rows[0]["efficiency"]
     by_name = {r["system"]: r["median_s"] for r in rows}
-
-    def ratio(fresh_prefix, reused_prefix):
-        fresh = [v for k, v in by_name.items() if k.startswith(fresh_prefix)]
-        reused = [v for k, v in by_name.items() if k.startswith(reused_prefix)]
-        return fresh[0] / reused[0] if fresh and reused else None
-
-    reuse = {"pack_sequences_padded": ratio("packkit pack_sequences padded (", "packkit pack_sequences padded, reused"),
-             "pack_sequences_flat": ratio("packkit pack_sequences flat (", "packkit pack_sequences flat, reused"),
-             "op_pack_batch": ratio("op pack_batch, fresh", "op pack_batch_out, reused"),
-             "copy_": None}
-    copies = [v for k, v in by_name.items() if k.startswith("torch copy_")]  # fresh first, then warm
-    if len(copies) == 2:
-        reuse["copy_"] = copies[0] / copies[1]
+    pairs = [k for k in by_name if k.startswith("reuse: ")]
+    reuse = {pairs[i][len("reuse: "):].split(",")[0]: by_name[pairs[i]] / by_name[pairs[i + 1]] for i in range(0, len(pairs), 2)}
     print("\nFresh / reused outputs (same run, ratio of medians): "
-          + ", ".join(f"{k} {v:.2f}x" for k, v in reuse.items() if v is not None)
+          + "; ".join(f"{k}: {v:.2f}x" for k, v in reuse.items())
           + f"; load average {os.getloadavg()[0]:.2f}")
     print("\nTargets: >= 10x fast_axolotl, >= 5x the PyTorch reference, >= 99.9% efficiency")
     print("  " + ", ".join(f"{k} = {v:.4g}" for k, v in targets.items()))
