@@ -39,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without triton
         "packkit.triton_kernels.pack needs Triton (pip install 'packkit[triton]', or triton>=3.3)"
     ) from exc
 
+from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 __all__ = ["layout", "pack", "pack_batch", "unpack", "unpack_padded", "layout_out", "pack_out", "pack_batch_out",
@@ -372,9 +373,12 @@ def _byte_range(t: torch.Tensor):
 def _check_disjoint(op: str, outs, ins) -> None:
     """No output shares memory with an input or another output (address ranges only; skipped while
     tracing, where tensors have no memory)."""
+    named = [t for _, t in (*outs, *ins) if t is not None and t.numel() > 0]
+    if any(is_fake(t) for t in named):  # tracing (torch.compile, opcheck): no memory to compare
+        return
     try:
-        ranges = {id(t): _byte_range(t) for _, t in (*outs, *ins) if t is not None and t.numel() > 0}
-    except (RuntimeError, NotImplementedError):  # fake/functional tensors while torch.compile traces
+        ranges = {id(t): _byte_range(t) for t in named}
+    except (RuntimeError, NotImplementedError):  # other tensor subclasses without storage
         return
     for i, (out_name, out) in enumerate(outs):
         if id(out) not in ranges:
