@@ -281,3 +281,38 @@ def test_out_on_wrong_device():
     with pytest.raises(RuntimeError, match="same device"):
         OPS.pack_out(c.src, c.src_offsets, c.seg_seq, c.seg_start, cu.cuda(), cu_seg.cuda(), False,
                      torch.empty(case.num_rows, case.row_len, 3))
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU and packkit's CUDA kernels")
+def test_cuda_graph_replays_into_static_buffers():
+    """The point of out-variants on a GPU: capture pack_batch_out once, replay with new data in place."""
+    case = make_case(23, dtype=torch.int64, flat=False, extra_rows=2, max_seqs=10)
+    c = case.to("cuda")
+    outs = pack_batch_outputs(case, torch.int64, torch.int64, "cuda")
+    args = (c.src, None, c.src_offsets, *c.plan_tensors, False, *outs)
+    OPS.pack_batch_out(*args)  # warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        OPS.pack_batch_out(*args)
+    for step in range(3):
+        c.src.copy_(case.src + 10 * (step + 1))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference_pack_batch(case.src + 10 * (step + 1), None, case.src_offsets, *case.plan_tensors,
+                                   case.num_rows, case.row_len, False, 0, -100, True, 0)
+        assert all(same_bytes(g, r) for g, r in zip(outs, ref)), step
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU and packkit's CUDA kernels")
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_pack_sequences_reuse_on_cuda(backend):
+    buffers = packkit.PackBuffers(2)
+    rng = np.random.default_rng(7)
+    for step in range(4):
+        seqs = [rng.integers(1, 1000, int(n)).tolist() for n in rng.integers(1, 50, int(rng.integers(2, 20)))]
+        opts = dict(capacity=64, layout="padded" if step % 2 else "flat", device="cuda", backend=backend)
+        fresh = packkit.pack_sequences(seqs, **opts)
+        reused = packkit.pack_sequences(seqs, out=buffers, **opts)
+        for key, value in fresh.items():
+            assert (same_bytes(value, reused[key]) if isinstance(value, torch.Tensor) else value == reused[key]), key
