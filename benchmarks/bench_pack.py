@@ -17,6 +17,11 @@ Every system gets its input in its natural form, built before timing:
     position_ids / cu_seqlens), call alone.
   * ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)`` on
     the same sequences as features (one flat row, no padding), call alone.
+  * fresh vs reused outputs (issue 17), each pair timed alternately: ``pack_sequences`` vs
+    ``pack_sequences(..., out=PackBuffers())``, the ``pack_batch`` op vs ``pack_batch_out`` into reused
+    outputs (plan excluded), and ``torch.Tensor.copy_`` of the same output bytes into fresh vs warm
+    memory; the fresh/reused ratios of medians and the load average are printed and stored under
+    ``fresh_over_reused``.
 Times are medians of the repeats (``gc.collect()`` before each); slow peers run fewer repeats.
 GPU section: device-to-device copy bandwidth vs pack_batch (bytes that must move: ids + labels read
 once, ids + labels + position_ids + seq_idx written once) at 1M/16M/64M tokens, CUDA vs Triton,
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import time
 from pathlib import Path
@@ -102,7 +108,7 @@ def cpu_section(n: int, repeats: int, slow_repeats: int) -> list[dict]:
         r = rows_of(out)
         rows.append({"system": system, "median_s": median, "times_s": times, "rows": r,
                      "efficiency": efficiency(tokens, r, CAPACITY) if r else None, "note": note})
-        print(f"  {system:<44} {median * 1000:10.1f} ms  rows {r}")
+        print(f"  {system:<52} {median * 1000:10.1f} ms  rows {r}")
         del out
         return median
 
@@ -114,6 +120,13 @@ def cpu_section(n: int, repeats: int, slow_repeats: int) -> list[dict]:
         lambda b: -(-b["input_ids"].shape[1] // CAPACITY), "one [1, T] row of obfd bins")
     add("pytorch reference, vectorised (plan+pack)", lambda: torch_reference(flat, lengths, CAPACITY), repeats,
         lambda out: out[0].shape[0])
+
+    def record(system, times, note):
+        rows.append({"system": system, "median_s": statistics.median(times), "times_s": times, "rows": None,
+                     "efficiency": None, "note": note})
+        print(f"  {system:<52} {statistics.median(times) * 1000:10.1f} ms")
+
+    reuse_rows(record, flat, lengths, repeats)
     try:
         import fast_axolotl
 
@@ -134,6 +147,56 @@ def cpu_section(n: int, repeats: int, slow_repeats: int) -> list[dict]:
     except ImportError:
         print("  transformers not installed: skipped")
     return rows
+
+
+def paired(fresh, reused, repeats: int):
+    """Medians of fresh() and reused() timed alternately (F, R, F, R, ...) after one untimed call of
+    each, so load drift on a shared machine hits both sides alike."""
+    fresh(), reused()
+    times = ([], [])
+    for _ in range(repeats):
+        for fn, out in zip((fresh, reused), times):
+            result = None
+            gc.collect()
+            start = time.perf_counter()
+            result = fn()
+            out.append(time.perf_counter() - start)
+            del result
+    return times
+
+
+def reuse_rows(record, flat: torch.Tensor, lengths: np.ndarray, repeats: int) -> None:
+    """Fresh vs reused outputs (issue 17), each pair timed alternately: pack_sequences with fresh
+    outputs vs ``out=PackBuffers()``; the op alone (plan excluded): pack_batch vs pack_batch_out into
+    reused outputs; torch's copy_ of the same output bytes into fresh vs warm memory (what first-touch
+    page faults cost on this machine)."""
+    for layout in ("padded", "flat"):
+        buffers = packkit.PackBuffers()
+        call = lambda out=None: packkit.pack_sequences(flat, lengths, capacity=CAPACITY, layout=layout,  # noqa: E731
+                                                       out=out)
+        fresh_t, reused_t = paired(call, lambda: call(buffers), repeats)
+        record(f"reuse: pack_sequences {layout}, fresh outputs", fresh_t, "plan + pack, paired with the next row")
+        record(f"reuse: pack_sequences {layout}, out=PackBuffers", reused_t, "plan + pack, warm buffers")
+        buffers.release()
+    plan = packkit.plan(lengths, CAPACITY)
+    shape = packkit.pack_layout(plan.segments, flat=False, row_len=CAPACITY)
+    segs = [torch.from_numpy(a.copy()) for a in plan.segments]
+    offs = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))))
+    ops = torch.ops.packkit
+    outs = packkit.PackBuffers().pack_batch_outputs((shape.num_rows, CAPACITY), shape.num_cu_seqlens, flat.dtype,
+                                                    flat.dtype, "cpu")
+    fresh_t, reused_t = paired(
+        lambda: ops.pack_batch(flat, None, offs, *segs, shape.num_rows, CAPACITY, False, shape.num_cu_seqlens),
+        lambda: ops.pack_batch_out(flat, None, offs, *segs, False, *outs), repeats)
+    record("reuse: op pack_batch, fresh outputs", fresh_t, "padded layout, plan excluded")
+    record("reuse: op pack_batch_out, reused outputs", reused_t, "padded layout, plan excluded")
+    nbytes = sum(t.numel() * t.element_size() for t in outs)
+    del outs
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    fresh_t, reused_t = paired(lambda: torch.empty_like(src).copy_(src), lambda: dst.copy_(src), repeats)
+    record(f"reuse: torch copy_ {nbytes / 1e6:.0f} MB, fresh destination", fresh_t, "pack_batch's output bytes")
+    record(f"reuse: torch copy_ {nbytes / 1e6:.0f} MB, warm destination", reused_t, "pack_batch's output bytes")
 
 
 def gpu_section(repeats: int) -> list[dict]:
@@ -177,13 +240,22 @@ def gpu_section(repeats: int) -> list[dict]:
             call = lambda: op(flat, None, offs, *segs, layout.num_rows, layout.row_len, False,  # noqa: E731
                               layout.num_cu_seqlens)
             call()
-            seconds = event_time(call)
-            bw = moved / seconds
-            results.append({"tokens": src, "backend": backend, "median_s": seconds, "bytes": moved,
-                            "bandwidth_GBps": bw / 1e9, "copy_bandwidth_GBps": copy_bw / 1e9,
-                            "fraction_of_copy": bw / copy_bw})
-            print(f"  {src:>11,} tokens {backend:<7} {seconds * 1e6:9.1f} us  {bw / 1e9:7.1f} GB/s  "
-                  f"{bw / copy_bw:6.1%} of copy ({copy_bw / 1e9:.0f} GB/s)")
+            # The same pack into reused outputs (pack_batch_out): no allocation inside the timed call.
+            out_op = getattr(torch.ops.packkit, ("" if backend == "cuda" else "triton_") + "pack_batch_out", None)
+            outs = packkit.PackBuffers().pack_batch_outputs((layout.num_rows, layout.row_len), layout.num_cu_seqlens,
+                                                            flat.dtype, flat.dtype, device)
+            reused = None if out_op is None else (lambda: out_op(flat, None, offs, *segs, False, *outs))  # noqa: E731
+            for variant, fn in (("fresh", call), ("reused", reused)):
+                if fn is None:
+                    continue
+                fn()
+                seconds = event_time(fn)
+                bw = moved / seconds
+                results.append({"tokens": src, "backend": backend, "outputs": variant, "median_s": seconds,
+                                "bytes": moved, "bandwidth_GBps": bw / 1e9, "copy_bandwidth_GBps": copy_bw / 1e9,
+                                "fraction_of_copy": bw / copy_bw})
+                print(f"  {src:>11,} tokens {backend:<7} {variant:<7} {seconds * 1e6:9.1f} us  {bw / 1e9:7.1f} GB/s  "
+                      f"{bw / copy_bw:6.1%} of copy ({copy_bw / 1e9:.0f} GB/s)")
     return results
 
 
@@ -199,10 +271,10 @@ def main() -> None:
     rows = cpu_section(n, repeats, slow_repeats=1 if not args.quick else 2)
     base = rows[0]["median_s"]
     best_torch = min(r["median_s"] for r in rows if r["system"].startswith("pytorch"))
-    print(f"\n{'system':<44} {'median':>10} {'vs packkit':>11} {'rows':>8} {'efficiency':>11}")
+    print(f"\n{'system':<52} {'median':>10} {'vs packkit':>11} {'rows':>8} {'efficiency':>11}")
     for r in rows:
         eff = f"{r['efficiency']:.4%}" if r["efficiency"] else "-"
-        print(f"{r['system']:<44} {r['median_s'] * 1000:8.1f}ms {r['median_s'] / base:10.2f}x {r['rows'] or '-':>8} "
+        print(f"{r['system']:<52} {r['median_s'] * 1000:8.1f}ms {r['median_s'] / base:10.2f}x {r['rows'] or '-':>8} "
               f"{eff:>11}")
     targets = {"vs_pytorch_reference": best_torch / base}
     fa = [r for r in rows if r["system"].startswith("fast_axolotl")]
@@ -212,10 +284,17 @@ def main() -> None:
     if hf:
         targets["vs_transformers_collator"] = hf[0]["median_s"] / base
     targets["packkit_efficiency"] = rows[0]["efficiency"]
+    by_name = {r["system"]: r["median_s"] for r in rows}
+    pairs = [k for k in by_name if k.startswith("reuse: ")]
+    reuse = {pairs[i][len("reuse: "):].split(",")[0]: by_name[pairs[i]] / by_name[pairs[i + 1]] for i in range(0, len(pairs), 2)}
+    print("\nFresh / reused outputs (same run, ratio of medians): "
+          + "; ".join(f"{k}: {v:.2f}x" for k, v in reuse.items())
+          + f"; load average {os.getloadavg()[0]:.2f}")
     print("\nTargets: >= 10x fast_axolotl, >= 5x the PyTorch reference, >= 99.9% efficiency")
     print("  " + ", ".join(f"{k} = {v:.4g}" for k, v in targets.items()))
-    doc = {"machine": machine_info(), "workload": {"sequences": n, "lengths": "uniform 16..1024",
-                                                   "capacity": CAPACITY}, "cpu": rows, "targets": targets}
+    doc = {"machine": machine_info(load_average=os.getloadavg()), "workload": {"sequences": n, "lengths": "uniform 16..1024",
+                                                   "capacity": CAPACITY}, "cpu": rows, "targets": targets,
+           "fresh_over_reused": reuse}
     if args.gpu and torch.cuda.is_available():
         print("\nGPU section")
         doc["gpu"] = gpu_section(max(repeats, 10))

@@ -49,6 +49,33 @@ STABLE_TORCH_LIBRARY(packkit, m) {
   m.def(
       "unpack_padded(Tensor packed, Tensor seg_seq, Tensor seg_start, Tensor cu_seqlens, Tensor cu_seg, "
       "bool flat, SymInt num_sequences, SymInt max_len, float pad_value=0.0) -> Tensor");
+
+  // --- Out-variants: the same ops writing into outputs the caller owns (buffer reuse, CUDA graphs) ---
+  // Each writes exactly what its functional op returns, bit for bit (the functional op allocates and
+  // calls it). Sizes come from the outputs' shapes: num_rows/row_len from out ([num_rows, row_len, *f]
+  // or [row_len, *f] if flat), num_cu_seqlens from len(cu_seqlens), num_src_tokens / num_sequences,
+  // max_len from unpack outputs. Every output is checked before anything is written: exact shape,
+  // dtype, device, contiguous, and no memory shared with an input or another output (clear error
+  // otherwise). Every element of every output is overwritten, so a reused buffer needs no clearing.
+  // On a data error (CPU plan validation) outputs may be partly written.
+  m.def(
+      "layout_out(Tensor seg_length, Tensor bin_offsets, SymInt num_rows, SymInt row_len, bool flat, "
+      "Tensor(a!) cu_seqlens, Tensor(b!) cu_seg) -> ()");
+  m.def(
+      "pack_out(Tensor src, Tensor src_offsets, Tensor seg_seq, Tensor seg_start, Tensor cu_seqlens, Tensor cu_seg, "
+      "bool flat, Tensor(a!) out, float pad_value=0.0, float? first_value=None) -> ()");
+  // Outputs in pack_batch's order plus cu_seg (the layout's owner array, which unpack needs).
+  m.def(
+      "pack_batch_out(Tensor input_ids, Tensor? labels, Tensor src_offsets, Tensor seg_seq, Tensor seg_start, "
+      "Tensor seg_length, Tensor bin_offsets, bool flat, Tensor(a!) out_input_ids, Tensor(b!) out_labels, "
+      "Tensor(c!) out_position_ids, Tensor(d!) out_seq_idx, Tensor(e!) out_cu_seqlens, Tensor(f!) out_cu_seg, "
+      "int pad_id=0, int ignore_index=-100, bool mask_first_label=True, int position_start=0) -> ()");
+  m.def(
+      "unpack_out(Tensor packed, Tensor src_offsets, Tensor seg_seq, Tensor seg_start, Tensor cu_seqlens, "
+      "Tensor cu_seg, bool flat, Tensor(a!) out, float pad_value=0.0) -> ()");
+  m.def(
+      "unpack_padded_out(Tensor packed, Tensor seg_seq, Tensor seg_start, Tensor cu_seqlens, Tensor cu_seg, "
+      "bool flat, Tensor(a!) out, float pad_value=0.0) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(packkit, CPU, m) {
@@ -58,4 +85,9 @@ STABLE_TORCH_LIBRARY_IMPL(packkit, CPU, m) {
   m.impl("pack_batch", TORCH_BOX(&packkit::ops::pack_batch_cpu));
   m.impl("unpack", TORCH_BOX(&packkit::ops::unpack_cpu));
   m.impl("unpack_padded", TORCH_BOX(&packkit::ops::unpack_padded_cpu));
+  m.impl("layout_out", TORCH_BOX(&packkit::ops::layout_out_cpu));
+  m.impl("pack_out", TORCH_BOX(&packkit::ops::pack_out_cpu));
+  m.impl("pack_batch_out", TORCH_BOX(&packkit::ops::pack_batch_out_cpu));
+  m.impl("unpack_out", TORCH_BOX(&packkit::ops::unpack_out_cpu));
+  m.impl("unpack_padded_out", TORCH_BOX(&packkit::ops::unpack_padded_out_cpu));
 }

@@ -5,6 +5,7 @@ the planner and the pack kernels as torch ops; ``packkit.pack_sequences`` turns 
 batch with HF key names, and ``packkit.unpack_sequences`` brings per-token outputs back.
 """
 from . import ops  # registers torch.ops.packkit.*
+from .buffers import PackBuffers
 from .collator import PackingCollator, document_causal_block_mask
 from .packing import (LAYOUTS, PackInfo, PackLayout, pack_layout, pack_on_device, pack_sequences,
                       unpack_sequences)
@@ -19,5 +20,5 @@ __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_
            "pack_layout", "check_plan", "PLAN_ERRORS", "PackLayout", "PackInfo", "LAYOUTS",
            "PackingCollator", "document_causal_block_mask",
            "PackedBatchSampler", "PackedIterableDataset", "pack_dataset", "PackReport",
-           "PackedRowsCollator", "mrope_position_ids"]
+           "PackedRowsCollator", "mrope_position_ids", "PackBuffers"]
 __version__ = "0.1.0"

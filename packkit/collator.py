@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .buffers import PackBuffers
 from .packing import LAYOUTS, flatten_sequences, pack_sequences
 from .planning import ALGORITHMS, OVERLONG_POLICIES, plan as make_plan
 
@@ -54,6 +55,16 @@ class PackingCollator:
             ``"drop"`` or ``"keep"`` (a list in packed order).
         mrope: a Qwen2-VL / Qwen2.5-VL / Qwen3-VL(-MoE) config or model: ``position_ids`` is ``[4, B, L]``
             (row 0 text positions, rows 1-3 each sample's mRoPE rows, as the model's ``get_rope_index``).
+        reuse_buffers: pack into the collator's own :class:`packkit.PackBuffers` instead of fresh
+            tensors (faster on the CPU, fixed addresses for CUDA graphs). The returned tensors are then
+            **overwritten ``num_buffers`` calls later**: a batch is safe while the next
+            ``num_buffers - 1`` are built. Enough for a loop that drops each batch before it asks for
+            the next one after that (``num_buffers=2``). Not safe with a batch kept longer (a list of
+            batches): ``.clone()`` what you keep. DataLoader workers each get their own ring, and a
+            worker's buffers are shared memory with the main process, so there ``num_buffers`` must be
+            at least ``prefetch_factor`` + the batches the loop holds (e.g. 4 for prefetch_factor=2 and
+            a loop holding the current and previous batch; 3 was measured to corrupt that loop).
+        num_buffers: size of that ring (default 2).
     """
 
     def __init__(self, capacity: Optional[int] = None, *, layout: str = "flat", algorithm: str = "obfd",
@@ -62,7 +73,7 @@ class PackingCollator:
                  separator_id: Optional[int] = -100, position_ids_start: int = 0, device=None,
                  backend: str = "auto", return_block_mask: bool = False, return_num_items: bool = False,
                  input_key: str = "input_ids", label_key: str = "labels", pad_values: Optional[dict] = None,
-                 extra_fields: str = "error", mrope=None):
+                 extra_fields: str = "error", mrope=None, reuse_buffers: bool = False, num_buffers: int = 2):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
         if algorithm not in ALGORITHMS:
@@ -93,6 +104,7 @@ class PackingCollator:
                 raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start "
                                  "must be 0")
         self.mrope = mrope
+        self.buffers = PackBuffers(num_buffers) if reuse_buffers else None
 
     # -- features -> flat host tensors ----------------------------------------------------------
     def _gather(self, features):
@@ -160,7 +172,8 @@ class PackingCollator:
             batch, info = pack_sequences(flat_ids, lengths, labels=flat_labels, plan=plan, layout="flat", row_len=row_len,
                                          pad_token_id=self.pad_token_id, ignore_index=self.ignore_index,
                                          mask_first_label=mask_first, position_ids_start=self.position_ids_start,
-                                         device=self.device, backend=self.backend, return_info=True, **extra)
+                                         device=self.device, backend=self.backend, return_info=True, out=self.buffers,
+                                         **extra)
         else:
             plan = make_plan(lengths, self.capacity, algorithm=self.algorithm, overlong=self.overlong)
             row_len = self.capacity
@@ -175,13 +188,15 @@ class PackingCollator:
                                          num_rows=num_rows, row_len=row_len, pad_token_id=self.pad_token_id,
                                          ignore_index=self.ignore_index, mask_first_label=mask_first,
                                          position_ids_start=self.position_ids_start, device=self.device,
-                                         backend=self.backend, return_info=True, **extra)
+                                         backend=self.backend, return_info=True, out=self.buffers, **extra)
         if mask_first and self.separator_id != self.ignore_index:
             self._set_first_labels(batch, info)
         if self.return_num_items:
             batch["num_items_in_batch"] = batch["labels"].ne(self.ignore_index).sum()
         if self.return_block_mask:
-            batch["attention_mask"] = document_causal_block_mask(batch["seq_idx"])
+            # The mask keeps seq_idx for attention time: a reused buffer would change under it.
+            seq_idx = batch["seq_idx"] if self.buffers is None else batch["seq_idx"].clone()
+            batch["attention_mask"] = document_causal_block_mask(seq_idx)
         return batch
 
     def _set_first_labels(self, batch: dict, info) -> None:

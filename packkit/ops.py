@@ -66,3 +66,8 @@ def _unpack_fake(packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, fl
 @torch.library.register_fake("packkit::unpack_padded")
 def _unpack_padded_fake(packed, seg_seq, seg_start, cu_seqlens, cu_seg, flat, num_sequences, max_len, pad_value=0.0):
     return packed.new_empty((num_sequences, max_len, *packed.shape[1 if flat else 2:]))
+
+
+# The out-variants (packkit::layout_out, pack_out, pack_batch_out, unpack_out, unpack_padded_out) mutate
+# their Tensor(a!) outputs and return nothing: torch traces such ops without a fake impl (opcheck passes
+# on every one, tests/test_pack_out_ops.py), and torch.compile functionalises the mutation.

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from . import ops
+from .buffers import PackBuffers
 from .planning import Plan, Segments, plan as make_plan
 
 LAYOUTS = ("flat", "padded")
@@ -202,7 +203,7 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
                    pad_token_id: int = 0, ignore_index: int = -100, mask_first_label: bool = True,
                    position_ids_start: int = 0, device=None, backend: str = "auto", return_info: bool = False,
                    fields: Optional[dict] = None, pad_values: Optional[dict] = None, extra_fields: str = "error",
-                   mrope=None):
+                   mrope=None, out: Optional[PackBuffers] = None):
     """Pack token sequences into one batch with the keys HF models take.
 
     Args:
@@ -229,6 +230,9 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
             concatenated in packed order, anything else follows ``extra_fields`` ("error", "drop", "keep").
         mrope: a Qwen2-VL/2.5-VL/3-VL(-MoE) config or model: ``position_ids`` becomes ``[4, B, L]`` (row 0
             the text positions, rows 1-3 each sequence's mRoPE rows as the model's ``get_rope_index``).
+        out: a :class:`packkit.PackBuffers` to pack into (``packkit::pack_batch_out``) instead of fresh
+            tensors: the returned tensors (and ``PackInfo``'s) are views of its buffers, bit-identical
+            to a fresh pack, and are overwritten ``out.num_buffers`` calls later (see PackBuffers).
 
     Returns ``{input_ids, labels, position_ids, seq_idx, cu_seq_lens_q, cu_seq_lens_k, max_length_q,
     max_length_k}``. Padding (padded layout, or a flat ``row_len`` beyond the data) is its own
@@ -239,6 +243,8 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
+    if out is not None and not isinstance(out, PackBuffers):
+        raise TypeError(f"out must be a packkit.PackBuffers, got {type(out).__name__}")
     flat_ids, seq_lengths = flatten_sequences(sequences, lengths)
     if flat_ids.dim() != 1:
         raise ValueError(f"input ids must be 1-D per sequence, got trailing dims {tuple(flat_ids.shape[1:])}")
@@ -295,7 +301,8 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     if flat_labels is not None:
         flat_labels = _to_device(flat_labels.contiguous(), device)
 
-    ids, lab, pos, seq_idx, cu = _op("pack_batch", which)(
+    pack_batch = _op("pack_batch", which) if out is None else out.packer(_op("pack_batch_out", which))
+    ids, lab, pos, seq_idx, cu = pack_batch(
         flat_ids, flat_labels, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, shape.num_rows,
         shape.row_len, shape.flat, shape.num_cu_seqlens, int(pad_token_id), int(ignore_index),
         bool(mask_first_label), int(position_ids_start))
@@ -306,8 +313,10 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
              "max_length_k": shape.max_seqlen}
     if not return_info and extra is None:
         return batch
-    cu_seg = _op("layout", which)(seg_length, bin_offsets, shape.num_rows, shape.row_len, shape.flat,
-                                  shape.num_cu_seqlens)[1]
+    cu_seg = out.cu_seg_of(cu) if out is not None else None
+    if cu_seg is None:
+        cu_seg = _op("layout", which)(seg_length, bin_offsets, shape.num_rows, shape.row_len, shape.flat,
+                                      shape.num_cu_seqlens)[1]
     info = PackInfo(shape, segments, seg_seq, seg_start, src_offsets, cu, cu_seg, seq_lengths)
     if extra is not None:
         from .fields import pack_fields

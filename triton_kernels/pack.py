@@ -39,9 +39,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without triton
         "packkit.triton_kernels.pack needs Triton (pip install 'packkit[triton]', or triton>=3.3)"
     ) from exc
 
+from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
-__all__ = ["layout", "pack", "pack_batch", "unpack", "unpack_padded"]
+__all__ = ["layout", "pack", "pack_batch", "unpack", "unpack_padded", "layout_out", "pack_out", "pack_batch_out",
+           "unpack_out", "unpack_padded_out"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -348,6 +350,59 @@ def _check_segment_args(op, ref, seg_seq, seg_start, cu_seqlens, cu_seg) -> None
     _check_device(op, ref, "the data")
 
 
+def _check_output(op: str, out, name: str, like: torch.Tensor, dtype: torch.dtype, shape) -> None:
+    """An out-variant's output: exactly the shape, dtype and device the functional op allocates, contiguous."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"packkit::triton_{op}: {name} must be a tensor, got {type(out).__name__}")
+    if out.device != like.device:
+        raise ValueError(f"packkit::triton_{op}: {name} must be on the same device as the inputs ({like.device}), "
+                         f"got {out.device}")
+    if out.dtype != dtype:
+        raise TypeError(f"packkit::triton_{op}: {name} has dtype {out.dtype} but must be {dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"packkit::triton_{op}: {name} must have shape {list(shape)}, got {list(out.shape)}")
+    if not out.is_contiguous():
+        raise ValueError(f"packkit::triton_{op}: {name} must be contiguous")
+
+
+def _byte_range(t: torch.Tensor):
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + span * t.element_size()
+
+
+def _check_disjoint(op: str, outs, ins) -> None:
+    """No output shares memory with an input or another output (address ranges only; skipped while
+    tracing, where tensors have no memory)."""
+    named = [t for _, t in (*outs, *ins) if t is not None and t.numel() > 0]
+    if any(is_fake(t) for t in named):  # tracing (torch.compile, opcheck): no memory to compare
+        return
+    try:
+        ranges = {id(t): _byte_range(t) for t in named}
+    except (RuntimeError, NotImplementedError):  # other tensor subclasses without storage
+        return
+    for i, (out_name, out) in enumerate(outs):
+        if id(out) not in ranges:
+            continue
+        a0, a1 = ranges[id(out)]
+        for in_name, other in (*outs[i + 1:], *ins):
+            if other is None or id(other) not in ranges or other.device != out.device:
+                continue
+            b0, b1 = ranges[id(other)]
+            if a0 < b1 and b0 < a1:
+                raise ValueError(f"packkit::triton_{op}: {out_name} overlaps {in_name}; outputs must not share "
+                                 "memory with inputs")
+
+
+def _rows_of(op: str, out, flat: bool, feature_dims: int, name: str):
+    """(num_rows, row_len) of a packed output [num_rows, row_len, *f] or [row_len, *f] (flat)."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"packkit::triton_{op}: {name} must be a tensor, got {type(out).__name__}")
+    token_dims = 1 if flat else 2
+    if out.dim() != token_dims + feature_dims:
+        raise ValueError(f"packkit::triton_{op}: {name} must have {token_dims + feature_dims} dims, got {out.dim()}")
+    return (1, out.shape[0]) if flat else (out.shape[0], out.shape[1])
+
+
 def _packed_tokens(op: str, packed: torch.Tensor, flat: bool) -> int:
     token_dims = 1 if flat else 2
     if packed.dim() < token_dims:
@@ -436,17 +491,69 @@ def _launch_layout(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seql
         num_cu_seqlens - 1, total, FLAT=bool(flat), BLOCK=_CONFIG["layout_block"], num_warps=_CONFIG["num_warps"])
 
 
+def _layout_into(op, seg_length, bin_offsets, num_rows, row_len, flat, cu, cu_seg):
+    total = _check_layout_args(op, seg_length, bin_offsets, num_rows, row_len, flat, cu.numel())
+    _launch_layout(seg_length.contiguous(), bin_offsets.contiguous(), num_rows, row_len, flat, cu.numel(), total, cu,
+                   cu_seg)
+
+
 @triton_op("packkit::triton_layout", mutates_args=())
 def layout(seg_length: torch.Tensor, bin_offsets: torch.Tensor, num_rows: int, row_len: int, flat: bool,
            num_cu_seqlens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Output segments of a plan laid out in rows: (cu_seqlens int32 [num_cu_seqlens], cu_seg int32
     [num_cu_seqlens - 1]); see ``packkit::layout``."""
-    total = _check_layout_args("layout", seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens)
-    seg_length, bin_offsets = seg_length.contiguous(), bin_offsets.contiguous()
+    _check_layout_args("layout", seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens)
     cu = torch.empty(num_cu_seqlens, dtype=torch.int32, device=seg_length.device)
     cu_seg = torch.empty(num_cu_seqlens - 1, dtype=torch.int32, device=seg_length.device)
-    _launch_layout(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens, total, cu, cu_seg)
+    _layout_into("layout", seg_length, bin_offsets, num_rows, row_len, flat, cu, cu_seg)
     return cu, cu_seg
+
+
+@triton_op("packkit::triton_layout_out", mutates_args={"cu_seqlens", "cu_seg"})
+def layout_out(seg_length: torch.Tensor, bin_offsets: torch.Tensor, num_rows: int, row_len: int, flat: bool,
+               cu_seqlens: torch.Tensor, cu_seg: torch.Tensor) -> None:
+    """``layout`` into caller-owned outputs (num_cu_seqlens = len(cu_seqlens)); see ``packkit::layout_out``."""
+    op = "layout_out"
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        raise ValueError(f"packkit::triton_{op}: cu_seqlens must be 1-D int32 [num_cu_seqlens >= 1]")
+    n = cu_seqlens.numel()
+    _check_layout_args(op, seg_length, bin_offsets, num_rows, row_len, flat, n)
+    _check_output(op, cu_seqlens, "cu_seqlens", seg_length, torch.int32, (n,))
+    _check_output(op, cu_seg, "cu_seg", seg_length, torch.int32, (n - 1,))
+    _check_disjoint(op, [("cu_seqlens", cu_seqlens), ("cu_seg", cu_seg)],
+                    [("seg_length", seg_length), ("bin_offsets", bin_offsets)])
+    _layout_into(op, seg_length, bin_offsets, num_rows, row_len, flat, cu_seqlens, cu_seg)
+
+
+def _pack_into(op, src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, num_rows, row_len, flat, pad_value,
+               first_value, out):
+    _check_index(op, src_offsets, "src_offsets", torch.int64)
+    _check_segment_args(op, src, seg_seq, seg_start, cu_seqlens, cu_seg)
+    _check_same_device(op, src, src_offsets, "the data", "src_offsets")
+    total = _checked_total_tokens(op, num_rows, row_len, flat)
+    if src_offsets.numel() < 1:
+        raise ValueError(f"packkit::triton_{op}: src_offsets needs num_sequences + 1 >= 1 entries")
+    src = src.contiguous()
+    src_words, words_per_elem = _words(op, src, "src")
+    pad = _value_words(op, pad_value, src.dtype, "pad_value")
+    first = _value_words(op, first_value, src.dtype, "first_value") if first_value is not None else (0, 0)
+    out_words, _ = _words(op, out, "out")
+    features = words_per_elem
+    for d in src.shape[1:]:
+        features *= d
+    if total == 0 or features == 0:
+        return
+    block_p, block_f = _tiles(features)
+    wrap_triton(_pack_kernel)[(triton.cdiv(total, block_p),)](
+        src_words, out_words, src_offsets.contiguous(), seg_seq.contiguous(), seg_start.contiguous(),
+        cu_seqlens.contiguous(), cu_seg.contiguous(), total, features, src.shape[0], src_offsets.numel() - 1,
+        seg_seq.numel(), cu_seg.numel(), pad[0], pad[1], first[0], first[1], HAS_FIRST=first_value is not None,
+        WORDS=words_per_elem, BLOCK_P=block_p, BLOCK_F=block_f, num_warps=_CONFIG["num_warps"])
+
+
+def _check_src(op, src):
+    if not isinstance(src, torch.Tensor) or src.dim() < 1:
+        raise ValueError(f"packkit::triton_{op}: src must be [tokens, *feature], got a 0-d tensor")
 
 
 @triton_op("packkit::triton_pack", mutates_args=())
@@ -455,46 +562,32 @@ def pack(src: torch.Tensor, src_offsets: torch.Tensor, seg_seq: torch.Tensor, se
          pad_value: float = 0.0, first_value: Optional[float] = None) -> torch.Tensor:
     """src [T_src, *feature] (any dtype) into [num_rows, row_len, *feature] ([row_len, *feature] if flat);
     see ``packkit::pack``."""
-    op = "pack"
-    if not isinstance(src, torch.Tensor) or src.dim() < 1:
-        raise ValueError(f"packkit::triton_{op}: src must be [tokens, *feature], got a 0-d tensor")
-    _check_index(op, src_offsets, "src_offsets", torch.int64)
-    _check_segment_args(op, src, seg_seq, seg_start, cu_seqlens, cu_seg)
-    _check_same_device(op, src, src_offsets, "the data", "src_offsets")
-    total = _checked_total_tokens(op, num_rows, row_len, flat)
-    if src_offsets.numel() < 1:
-        raise ValueError(f"packkit::triton_{op}: src_offsets needs num_sequences + 1 >= 1 entries")
-    feature = tuple(src.shape[1:])
-    shape = ((row_len,) if flat else (num_rows, row_len)) + feature
-    src = src.contiguous()
-    src_words, words_per_elem = _words(op, src, "src")
-    pad = _value_words(op, pad_value, src.dtype, "pad_value")
-    first = _value_words(op, first_value, src.dtype, "first_value") if first_value is not None else (0, 0)
+    _check_src("pack", src)
+    _checked_total_tokens("pack", num_rows, row_len, flat)
+    shape = ((row_len,) if flat else (num_rows, row_len)) + tuple(src.shape[1:])
     out = torch.empty(shape, dtype=src.dtype, device=src.device)
-    out_words, _ = _words(op, out, "out")
-    features = words_per_elem
-    for d in feature:
-        features *= d
-    if total == 0 or features == 0:
-        return out
-    block_p, block_f = _tiles(features)
-    wrap_triton(_pack_kernel)[(triton.cdiv(total, block_p),)](
-        src_words, out_words, src_offsets.contiguous(), seg_seq.contiguous(), seg_start.contiguous(),
-        cu_seqlens.contiguous(), cu_seg.contiguous(), total, features, src.shape[0], src_offsets.numel() - 1,
-        seg_seq.numel(), cu_seg.numel(), pad[0], pad[1], first[0], first[1], HAS_FIRST=first_value is not None,
-        WORDS=words_per_elem, BLOCK_P=block_p, BLOCK_F=block_f, num_warps=_CONFIG["num_warps"])
+    _pack_into("pack", src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, num_rows, row_len, flat, pad_value,
+               first_value, out)
     return out
 
 
-@triton_op("packkit::triton_pack_batch", mutates_args=())
-def pack_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor], src_offsets: torch.Tensor,
-               seg_seq: torch.Tensor, seg_start: torch.Tensor, seg_length: torch.Tensor, bin_offsets: torch.Tensor,
-               num_rows: int, row_len: int, flat: bool, num_cu_seqlens: int, pad_id: int = 0,
-               ignore_index: int = -100, mask_first_label: bool = True, position_start: int = 0
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The training batch in two launches (layout, then one fused pass): (input_ids, labels,
-    position_ids int64, seq_idx int32, cu_seqlens int32); see ``packkit::pack_batch``."""
-    op = "pack_batch"
+@triton_op("packkit::triton_pack_out", mutates_args={"out"})
+def pack_out(src: torch.Tensor, src_offsets: torch.Tensor, seg_seq: torch.Tensor, seg_start: torch.Tensor,
+             cu_seqlens: torch.Tensor, cu_seg: torch.Tensor, flat: bool, out: torch.Tensor, pad_value: float = 0.0,
+             first_value: Optional[float] = None) -> None:
+    """``pack`` into a caller-owned ``out`` (num_rows, row_len from its shape); see ``packkit::pack_out``."""
+    op = "pack_out"
+    _check_src(op, src)
+    num_rows, row_len = _rows_of(op, out, flat, src.dim() - 1, "out")
+    shape = ((row_len,) if flat else (num_rows, row_len)) + tuple(src.shape[1:])
+    _check_output(op, out, "out", src, src.dtype, shape)
+    _check_disjoint(op, [("out", out)], [("src", src), ("src_offsets", src_offsets), ("seg_seq", seg_seq),
+                                         ("seg_start", seg_start), ("cu_seqlens", cu_seqlens), ("cu_seg", cu_seg)])
+    _pack_into(op, src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, num_rows, row_len, flat, pad_value,
+               first_value, out)
+
+
+def _check_tokens(op, input_ids, labels):
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1:
         raise ValueError(f"packkit::triton_{op}: input_ids must be 1-D (all sequences concatenated)")
     label_src = input_ids if labels is None else labels
@@ -504,6 +597,14 @@ def pack_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor], src_offs
     for t in (input_ids, label_src):
         if t.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"packkit::triton_{op}: input_ids and labels must be int64 or int32, got {t.dtype}")
+    return label_src
+
+
+def _pack_batch_into(op, input_ids, labels, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, num_rows,
+                     row_len, flat, pad_id, ignore_index, mask_first_label, position_start, outs):
+    label_src = _check_tokens(op, input_ids, labels)
+    out_ids, out_labels, position_ids, seq_idx, cu, cu_seg = outs
+    num_cu_seqlens = cu.numel()
     total = _check_layout_args(op, seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens)
     _check_index(op, src_offsets, "src_offsets", torch.int64)
     _check_index(op, seg_seq, "seg_seq", torch.int64)
@@ -519,18 +620,8 @@ def pack_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor], src_offs
     _check_device(op, input_ids, "input_ids")
     pad = _value_words(op, float(pad_id), input_ids.dtype, "pad_id")[0]
     ignore = _value_words(op, float(ignore_index), label_src.dtype, "ignore_index")[0]
-
-    device = input_ids.device
-    seg_length, bin_offsets = seg_length.contiguous(), bin_offsets.contiguous()
-    cu = torch.empty(num_cu_seqlens, dtype=torch.int32, device=device)
-    cu_seg = torch.empty(num_cu_seqlens - 1, dtype=torch.int32, device=device)
-    _launch_layout(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens, total, cu, cu_seg)
-
-    shape = (row_len,) if flat else (num_rows, row_len)
-    out_ids = torch.empty(shape, dtype=input_ids.dtype, device=device)
-    out_labels = torch.empty(shape, dtype=label_src.dtype, device=device)
-    position_ids = torch.empty(shape, dtype=torch.int64, device=device)
-    seq_idx = torch.empty(shape, dtype=torch.int32, device=device)
+    _launch_layout(seg_length.contiguous(), bin_offsets.contiguous(), num_rows, row_len, flat, num_cu_seqlens, total,
+                   cu, cu_seg)
     if total > 0:
         block = _CONFIG["block"]
         input_ids = input_ids.contiguous()
@@ -540,7 +631,61 @@ def pack_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor], src_offs
             out_ids, out_labels, position_ids, seq_idx, total, input_ids.shape[0], src_offsets.numel() - 1,
             seg_seq.numel(), num_cu_seqlens - 1, pad, ignore, position_start, MASK_FIRST=bool(mask_first_label),
             BLOCK=block, num_warps=_CONFIG["num_warps"])
-    return out_ids, out_labels, position_ids, seq_idx, cu
+
+
+@triton_op("packkit::triton_pack_batch", mutates_args=())
+def pack_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor], src_offsets: torch.Tensor,
+               seg_seq: torch.Tensor, seg_start: torch.Tensor, seg_length: torch.Tensor, bin_offsets: torch.Tensor,
+               num_rows: int, row_len: int, flat: bool, num_cu_seqlens: int, pad_id: int = 0,
+               ignore_index: int = -100, mask_first_label: bool = True, position_start: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training batch in two launches (layout, then one fused pass): (input_ids, labels,
+    position_ids int64, seq_idx int32, cu_seqlens int32); see ``packkit::pack_batch``."""
+    op = "pack_batch"
+    label_src = _check_tokens(op, input_ids, labels)
+    _check_layout_args(op, seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens)
+    device = input_ids.device
+    shape = (row_len,) if flat else (num_rows, row_len)
+    outs = (torch.empty(shape, dtype=input_ids.dtype, device=device),
+            torch.empty(shape, dtype=label_src.dtype, device=device),
+            torch.empty(shape, dtype=torch.int64, device=device), torch.empty(shape, dtype=torch.int32, device=device),
+            torch.empty(num_cu_seqlens, dtype=torch.int32, device=device),
+            torch.empty(num_cu_seqlens - 1, dtype=torch.int32, device=device))
+    _pack_batch_into(op, input_ids, labels, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, num_rows,
+                     row_len, flat, pad_id, ignore_index, mask_first_label, position_start, outs)
+    return outs[:5]
+
+
+@triton_op("packkit::triton_pack_batch_out", mutates_args={"out_input_ids", "out_labels", "out_position_ids",
+                                                           "out_seq_idx", "out_cu_seqlens", "out_cu_seg"})
+def pack_batch_out(input_ids: torch.Tensor, labels: Optional[torch.Tensor], src_offsets: torch.Tensor,
+                   seg_seq: torch.Tensor, seg_start: torch.Tensor, seg_length: torch.Tensor,
+                   bin_offsets: torch.Tensor, flat: bool, out_input_ids: torch.Tensor, out_labels: torch.Tensor,
+                   out_position_ids: torch.Tensor, out_seq_idx: torch.Tensor, out_cu_seqlens: torch.Tensor,
+                   out_cu_seg: torch.Tensor, pad_id: int = 0, ignore_index: int = -100,
+                   mask_first_label: bool = True, position_start: int = 0) -> None:
+    """``pack_batch`` into caller-owned outputs, plus the layout's cu_seg; see ``packkit::pack_batch_out``."""
+    op = "pack_batch_out"
+    label_src = _check_tokens(op, input_ids, labels)
+    num_rows, row_len = _rows_of(op, out_input_ids, flat, 0, "out_input_ids")
+    shape = (row_len,) if flat else (num_rows, row_len)
+    _check_output(op, out_input_ids, "out_input_ids", input_ids, input_ids.dtype, shape)
+    _check_output(op, out_labels, "out_labels", input_ids, label_src.dtype, shape)
+    _check_output(op, out_position_ids, "out_position_ids", input_ids, torch.int64, shape)
+    _check_output(op, out_seq_idx, "out_seq_idx", input_ids, torch.int32, shape)
+    if not isinstance(out_cu_seqlens, torch.Tensor) or out_cu_seqlens.dim() != 1 or out_cu_seqlens.numel() < 1:
+        raise ValueError(f"packkit::triton_{op}: out_cu_seqlens must be 1-D int32 [num_cu_seqlens >= 1]")
+    n = out_cu_seqlens.numel()
+    _check_output(op, out_cu_seqlens, "out_cu_seqlens", input_ids, torch.int32, (n,))
+    _check_output(op, out_cu_seg, "out_cu_seg", input_ids, torch.int32, (n - 1,))
+    outs = (out_input_ids, out_labels, out_position_ids, out_seq_idx, out_cu_seqlens, out_cu_seg)
+    _check_disjoint(op, list(zip(("out_input_ids", "out_labels", "out_position_ids", "out_seq_idx", "out_cu_seqlens",
+                                  "out_cu_seg"), outs)),
+                    [("input_ids", input_ids), ("labels", label_src), ("src_offsets", src_offsets),
+                     ("seg_seq", seg_seq), ("seg_start", seg_start), ("seg_length", seg_length),
+                     ("bin_offsets", bin_offsets)])
+    _pack_batch_into(op, input_ids, labels, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, num_rows,
+                     row_len, flat, pad_id, ignore_index, mask_first_label, position_start, outs)
 
 
 def _launch_fill(out_words, words_per_elem, pad):
@@ -571,6 +716,42 @@ def _launch_unpack(op, packed, flat, src_offsets, seg_seq, seg_start, cu_seqlens
         max_len, PADDED=padded, BLOCK_P=block_p, BLOCK_F=block_f, num_warps=_CONFIG["num_warps"])
 
 
+def _check_unpack_args(op, packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat):
+    if not isinstance(packed, torch.Tensor):
+        raise TypeError(f"packkit::triton_{op}: packed must be a tensor")
+    if src_offsets is not None:
+        _check_index(op, src_offsets, "src_offsets", torch.int64)
+    _check_segment_args(op, packed, seg_seq, seg_start, cu_seqlens, cu_seg)
+    if src_offsets is not None:
+        _check_same_device(op, packed, src_offsets, "the data", "src_offsets")
+    _packed_tokens(op, packed, flat)
+    if src_offsets is not None and src_offsets.numel() < 1:
+        raise ValueError(f"packkit::triton_{op}: src_offsets needs num_sequences + 1 >= 1 entries")
+
+
+def _unpack_into(op, packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out):
+    """Flat unpack (src_offsets given) into out [num_src_tokens, *f], or padded (None) into
+    out [num_sequences, max_len, *f]."""
+    if src_offsets is not None:
+        _launch_unpack(op, packed, flat, src_offsets.contiguous(), seg_seq, seg_start, cu_seqlens, cu_seg, out,
+                       src_offsets.numel() - 1, out.shape[0], 0, pad_value, False)
+    else:
+        num_sequences, max_len = out.shape[0], out.shape[1]
+        # seg_seq doubles as the (unused) src_offsets pointer: PADDED never reads it.
+        _launch_unpack(op, packed, flat, seg_seq, seg_seq, seg_start, cu_seqlens, cu_seg, out, num_sequences,
+                       num_sequences * max_len, max_len, pad_value, True)
+
+
+def _check_unpack_output(op, packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, out):
+    feature = tuple(packed.shape[1 if flat else 2:])
+    lead = 1 if src_offsets is not None else 2
+    if not isinstance(out, torch.Tensor) or out.dim() != lead + len(feature):
+        raise ValueError(f"packkit::triton_{op}: out must have {lead + len(feature)} dims")
+    _check_output(op, out, "out", packed, packed.dtype, tuple(out.shape[:lead]) + feature)
+    _check_disjoint(op, [("out", out)], [("packed", packed), ("src_offsets", src_offsets), ("seg_seq", seg_seq),
+                                         ("seg_start", seg_start), ("cu_seqlens", cu_seqlens), ("cu_seg", cu_seg)])
+
+
 @triton_op("packkit::triton_unpack", mutates_args=())
 def unpack(packed: torch.Tensor, src_offsets: torch.Tensor, seg_seq: torch.Tensor, seg_start: torch.Tensor,
            cu_seqlens: torch.Tensor, cu_seg: torch.Tensor, flat: bool, num_src_tokens: int,
@@ -578,21 +759,24 @@ def unpack(packed: torch.Tensor, src_offsets: torch.Tensor, seg_seq: torch.Tenso
     """Inverse of pack: [num_src_tokens, *feature] in source order; tokens no segment covers get
     pad_value. See ``packkit::unpack``."""
     op = "unpack"
-    if not isinstance(packed, torch.Tensor):
-        raise TypeError(f"packkit::triton_{op}: packed must be a tensor")
-    _check_index(op, src_offsets, "src_offsets", torch.int64)
-    _check_segment_args(op, packed, seg_seq, seg_start, cu_seqlens, cu_seg)
-    _check_same_device(op, packed, src_offsets, "the data", "src_offsets")
-    _packed_tokens(op, packed, flat)
+    _check_unpack_args(op, packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat)
     if num_src_tokens < 0:
         raise ValueError(f"packkit::triton_{op}: num_src_tokens must be >= 0, got {num_src_tokens}")
-    if src_offsets.numel() < 1:
-        raise ValueError(f"packkit::triton_{op}: src_offsets needs num_sequences + 1 >= 1 entries")
     feature = tuple(packed.shape[1 if flat else 2:])
     out = torch.empty((num_src_tokens,) + feature, dtype=packed.dtype, device=packed.device)
-    _launch_unpack(op, packed, flat, src_offsets.contiguous(), seg_seq, seg_start, cu_seqlens, cu_seg, out,
-                   src_offsets.numel() - 1, num_src_tokens, 0, pad_value, False)
+    _unpack_into(op, packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out)
     return out
+
+
+@triton_op("packkit::triton_unpack_out", mutates_args={"out"})
+def unpack_out(packed: torch.Tensor, src_offsets: torch.Tensor, seg_seq: torch.Tensor, seg_start: torch.Tensor,
+               cu_seqlens: torch.Tensor, cu_seg: torch.Tensor, flat: bool, out: torch.Tensor,
+               pad_value: float = 0.0) -> None:
+    """``unpack`` into a caller-owned ``out`` [num_src_tokens, *feature]; see ``packkit::unpack_out``."""
+    op = "unpack_out"
+    _check_unpack_args(op, packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat)
+    _check_unpack_output(op, packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, out)
+    _unpack_into(op, packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out)
 
 
 @triton_op("packkit::triton_unpack_padded", mutates_args=())
@@ -602,16 +786,22 @@ def unpack_padded(packed: torch.Tensor, seg_seq: torch.Tensor, seg_start: torch.
     """Inverse of pack into [num_sequences, max_len, *feature] (tokens past max_len are dropped,
     uncovered ones get pad_value). See ``packkit::unpack_padded``."""
     op = "unpack_padded"
-    if not isinstance(packed, torch.Tensor):
-        raise TypeError(f"packkit::triton_{op}: packed must be a tensor")
-    _check_segment_args(op, packed, seg_seq, seg_start, cu_seqlens, cu_seg)
-    _packed_tokens(op, packed, flat)
+    _check_unpack_args(op, packed, None, seg_seq, seg_start, cu_seqlens, cu_seg, flat)
     if num_sequences < 0 or max_len < 0:
         raise ValueError(f"packkit::triton_{op}: num_sequences and max_len must be >= 0, got {num_sequences} and "
                          f"{max_len}")
     feature = tuple(packed.shape[1 if flat else 2:])
     out = torch.empty((num_sequences, max_len) + feature, dtype=packed.dtype, device=packed.device)
-    # seg_seq doubles as the (unused) src_offsets pointer: PADDED never reads it.
-    _launch_unpack(op, packed, flat, seg_seq, seg_seq, seg_start, cu_seqlens, cu_seg, out, num_sequences,
-                   num_sequences * max_len, max_len, pad_value, True)
+    _unpack_into(op, packed, None, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out)
     return out
+
+
+@triton_op("packkit::triton_unpack_padded_out", mutates_args={"out"})
+def unpack_padded_out(packed: torch.Tensor, seg_seq: torch.Tensor, seg_start: torch.Tensor, cu_seqlens: torch.Tensor,
+                      cu_seg: torch.Tensor, flat: bool, out: torch.Tensor, pad_value: float = 0.0) -> None:
+    """``unpack_padded`` into a caller-owned ``out`` [num_sequences, max_len, *feature]; see
+    ``packkit::unpack_padded_out``."""
+    op = "unpack_padded_out"
+    _check_unpack_args(op, packed, None, seg_seq, seg_start, cu_seqlens, cu_seg, flat)
+    _check_unpack_output(op, packed, None, seg_seq, seg_start, cu_seqlens, cu_seg, flat, out)
+    _unpack_into(op, packed, None, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out)

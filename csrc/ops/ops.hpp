@@ -32,4 +32,23 @@ Tensor unpack_padded_cpu(const Tensor& packed, const Tensor& seg_seq, const Tens
                          const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_sequences,
                          int64_t max_len, double pad_value);
 
+// Out-variants: write into caller-provided outputs (checked: shape, dtype, device, contiguity, no
+// overlap with inputs). The functional ops above allocate and call these, so there is one implementation.
+void layout_out_cpu(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len,
+                    bool flat, const Tensor& cu_seqlens, const Tensor& cu_seg);
+void pack_out_cpu(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                  const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, const Tensor& out, double pad_value,
+                  std::optional<double> first_value);
+void pack_batch_out_cpu(const Tensor& input_ids, const std::optional<Tensor>& labels, const Tensor& src_offsets,
+                        const Tensor& seg_seq, const Tensor& seg_start, const Tensor& seg_length,
+                        const Tensor& bin_offsets, bool flat, const Tensor& out_input_ids, const Tensor& out_labels,
+                        const Tensor& out_position_ids, const Tensor& out_seq_idx, const Tensor& out_cu_seqlens,
+                        const Tensor& out_cu_seg, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
+                        int64_t position_start);
+void unpack_out_cpu(const Tensor& packed, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                    const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, const Tensor& out, double pad_value);
+void unpack_padded_out_cpu(const Tensor& packed, const Tensor& seg_seq, const Tensor& seg_start,
+                           const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, const Tensor& out,
+                           double pad_value);
+
 }  // namespace packkit::ops

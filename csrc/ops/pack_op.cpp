@@ -141,13 +141,16 @@ void layout_into(const int64_t* seg_length, int64_t num_segments, const int64_t*
   cu[k] = static_cast<int32_t>(pos);
 }
 
-// The unpack output: [*leading, *feature of packed], every element pad_value (tokens no segment covers).
-Tensor filled_output(const Tensor& packed, std::vector<int64_t> shape, int64_t token_dims, double pad_value) {
-  for (int64_t d = token_dims; d < packed.dim(); ++d) shape.push_back(packed.size(d));
-  Tensor out = empty_output(packed, shape);
-  const auto pad = value_bytes(pad_value, packed.scalar_type());
+// Every element of `out` = pad_value (the unpack outputs start so: tokens no segment covers keep it).
+void fill_with(const Tensor& out, double pad_value) {
+  const auto pad = value_bytes(pad_value, out.scalar_type());
   fill_elements(static_cast<uint8_t*>(out.mutable_data_ptr()), out.numel(), pad.data(), out.element_size());
-  return out;
+}
+
+// [*leading, *feature of packed]: the unpack outputs' shape.
+std::vector<int64_t> unpacked_shape(const Tensor& packed, std::vector<int64_t> leading, int64_t token_dims) {
+  for (int64_t d = token_dims; d < packed.dim(); ++d) leading.push_back(packed.size(d));
+  return leading;
 }
 
 Tensor contiguous_cpu(const Tensor& t, const char* op, const char* name) {
@@ -176,94 +179,59 @@ void pack_records(const uint8_t* src, const int64_t* src_offsets, const int64_t*
   });
 }
 
-}  // namespace
-
-std::tuple<Tensor, Tensor> layout_cpu(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows,
-                                      int64_t row_len, bool flat, int64_t num_cu_seqlens) {
-  check_layout_args(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
+// --- one implementation per op, writing into outputs the caller checked ---------------------------
+void layout_impl(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len, bool flat,
+                 const Tensor& cu_seqlens, const Tensor& cu_seg) {
   const Tensor lengths = contiguous_cpu(seg_length, "layout", "seg_length");
   const Tensor offsets = contiguous_cpu(bin_offsets, "layout", "bin_offsets");
-  Tensor cu = torch::stable::empty({num_cu_seqlens}, ScalarType::Int);
-  Tensor cu_seg = torch::stable::empty({num_cu_seqlens - 1}, ScalarType::Int);
   layout_into(lengths.const_data_ptr<int64_t>(), lengths.numel(), offsets.const_data_ptr<int64_t>(),
-              offsets.numel() - 1, num_rows, row_len, flat, cu.mutable_data_ptr<int32_t>(),
-              cu_seg.mutable_data_ptr<int32_t>(), num_cu_seqlens);
-  return {cu, cu_seg};
+              offsets.numel() - 1, num_rows, row_len, flat, cu_seqlens.mutable_data_ptr<int32_t>(),
+              cu_seg.mutable_data_ptr<int32_t>(), cu_seqlens.numel());
 }
 
-Tensor pack_cpu(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
-                const Tensor& cu_seqlens, const Tensor& cu_seg, int64_t num_rows, int64_t row_len, bool flat,
-                double pad_value, std::optional<double> first_value) {
-  STD_TORCH_CHECK(src.dim() >= 1, "packkit::pack: src must be [tokens, *feature], got a 0-d tensor");
-  check_index_tensor(src_offsets, "pack", "src_offsets", ScalarType::Long);
-  check_segment_args(src, seg_seq, seg_start, cu_seqlens, cu_seg, "pack");
-  const int64_t total = checked_total_tokens(num_rows, row_len, flat, "pack");
-  const Tensor s = contiguous_cpu(src, "pack", "src"), offs = contiguous_cpu(src_offsets, "pack", "src_offsets");
-  const Tensor sq = contiguous_cpu(seg_seq, "pack", "seg_seq"), st = contiguous_cpu(seg_start, "pack", "seg_start");
-  const Tensor cu = contiguous_cpu(cu_seqlens, "pack", "cu_seqlens"), cs = contiguous_cpu(cu_seg, "pack", "cu_seg");
-  STD_TORCH_CHECK(offs.numel() >= 1, "packkit::pack: src_offsets needs num_sequences + 1 >= 1 entries");
+void pack_impl(const char* op, const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq,
+               const Tensor& seg_start, const Tensor& cu_seqlens, const Tensor& cu_seg, int64_t num_rows,
+               int64_t row_len, bool flat, double pad_value, std::optional<double> first_value, const Tensor& out) {
+  check_index_tensor(src_offsets, op, "src_offsets", ScalarType::Long);
+  check_segment_args(src, seg_seq, seg_start, cu_seqlens, cu_seg, op);
+  const int64_t total = checked_total_tokens(num_rows, row_len, flat, op);
+  const Tensor s = contiguous_cpu(src, op, "src"), offs = contiguous_cpu(src_offsets, op, "src_offsets");
+  const Tensor sq = contiguous_cpu(seg_seq, op, "seg_seq"), st = contiguous_cpu(seg_start, op, "seg_start");
+  const Tensor cu = contiguous_cpu(cu_seqlens, op, "cu_seqlens"), cs = contiguous_cpu(cu_seg, op, "cu_seg");
+  STD_TORCH_CHECK(offs.numel() >= 1, "packkit::", op, ": src_offsets needs num_sequences + 1 >= 1 entries");
   validate_segments(offs.const_data_ptr<int64_t>(), offs.numel() - 1, s.size(0), sq.const_data_ptr<int64_t>(),
                     st.const_data_ptr<int64_t>(), sq.numel(), cu.const_data_ptr<int32_t>(),
-                    cs.const_data_ptr<int32_t>(), cs.numel(), total, "pack");
-
-  std::vector<int64_t> shape;
-  if (!flat) shape.push_back(num_rows);
-  shape.push_back(row_len);
-  for (int64_t d = 1; d < s.dim(); ++d) shape.push_back(s.size(d));
-  Tensor out = empty_output(s, shape);
+                    cs.const_data_ptr<int32_t>(), cs.numel(), total, op);
   const auto pad = value_bytes(pad_value, s.scalar_type());
   const auto first = value_bytes(first_value.value_or(0.0), s.scalar_type());
   pack_records(static_cast<const uint8_t*>(s.const_data_ptr()), offs.const_data_ptr<int64_t>(),
                sq.const_data_ptr<int64_t>(), st.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(),
                cs.const_data_ptr<int32_t>(), cs.numel(), s.element_size(), feature_numel(s, 1), pad.data(),
                first_value ? first.data() : nullptr, static_cast<uint8_t*>(out.mutable_data_ptr()));
-  return out;
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cpu(
-    const Tensor& input_ids, const std::optional<Tensor>& labels, const Tensor& src_offsets, const Tensor& seg_seq,
-    const Tensor& seg_start, const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len,
-    bool flat, int64_t num_cu_seqlens, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
-    int64_t position_start) {
-  const Tensor& label_src = check_pack_batch_tokens(input_ids, labels);
-  auto [cu, cu_seg] = layout_cpu(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
-  Tensor ids = pack_cpu(input_ids, src_offsets, seg_seq, seg_start, cu, cu_seg, num_rows, row_len, flat,
-                        static_cast<double>(pad_id), std::nullopt);
-  Tensor lab = pack_cpu(label_src, src_offsets, seg_seq, seg_start, cu, cu_seg, num_rows, row_len, flat,
-                        static_cast<double>(ignore_index),
-                        mask_first_label ? std::optional<double>(static_cast<double>(ignore_index)) : std::nullopt);
-  std::vector<int64_t> shape = flat ? std::vector<int64_t>{row_len} : std::vector<int64_t>{num_rows, row_len};
-  Tensor positions = empty_output(input_ids, shape, ScalarType::Long);
-  Tensor seq_idx = empty_output(input_ids, shape, ScalarType::Int);
-  const int32_t* c = cu.const_data_ptr<int32_t>();
-  int64_t* pos = positions.mutable_data_ptr<int64_t>();
-  int32_t* doc = seq_idx.mutable_data_ptr<int32_t>();
-  torch::stable::parallel_for(0, cu_seg.numel(), grain_for(cu_seg.numel(), c[cu_seg.numel()]),
-                              [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      for (int64_t p = c[k], i = position_start; p < c[k + 1]; ++p, ++i) pos[p] = i;
-      std::fill(doc + c[k], doc + c[k + 1], static_cast<int32_t>(k));
-    }
-  });
-  return {ids, lab, positions, seq_idx, cu};
+std::vector<int64_t> packed_shape_of(const Tensor& src, int64_t num_rows, int64_t row_len, bool flat) {
+  std::vector<int64_t> shape;
+  if (!flat) shape.push_back(num_rows);
+  shape.push_back(row_len);
+  for (int64_t d = 1; d < src.dim(); ++d) shape.push_back(src.size(d));
+  return shape;
 }
 
-Tensor unpack_cpu(const Tensor& packed, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
-                  const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_src_tokens,
-                  double pad_value) {
-  check_index_tensor(src_offsets, "unpack", "src_offsets", ScalarType::Long);
-  check_segment_args(packed, seg_seq, seg_start, cu_seqlens, cu_seg, "unpack");
-  const int64_t total = packed_tokens(packed, flat, "unpack");
-  STD_TORCH_CHECK(num_src_tokens >= 0, "packkit::unpack: num_src_tokens must be >= 0");
-  const Tensor p = contiguous_cpu(packed, "unpack", "packed"), offs = contiguous_cpu(src_offsets, "unpack", "src_offsets");
-  const Tensor sq = contiguous_cpu(seg_seq, "unpack", "seg_seq"), st = contiguous_cpu(seg_start, "unpack", "seg_start");
-  const Tensor cu = contiguous_cpu(cu_seqlens, "unpack", "cu_seqlens"), cs = contiguous_cpu(cu_seg, "unpack", "cu_seg");
-  STD_TORCH_CHECK(offs.numel() >= 1, "packkit::unpack: src_offsets needs num_sequences + 1 >= 1 entries");
+void unpack_impl(const char* op, const Tensor& packed, const Tensor& src_offsets, const Tensor& seg_seq,
+                 const Tensor& seg_start, const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat,
+                 double pad_value, const Tensor& out) {
+  const int64_t num_src_tokens = out.size(0);
+  const int64_t total = packed_tokens(packed, flat, op);
+  const Tensor p = contiguous_cpu(packed, op, "packed"), offs = contiguous_cpu(src_offsets, op, "src_offsets");
+  const Tensor sq = contiguous_cpu(seg_seq, op, "seg_seq"), st = contiguous_cpu(seg_start, op, "seg_start");
+  const Tensor cu = contiguous_cpu(cu_seqlens, op, "cu_seqlens"), cs = contiguous_cpu(cu_seg, op, "cu_seg");
+  STD_TORCH_CHECK(offs.numel() >= 1, "packkit::", op, ": src_offsets needs num_sequences + 1 >= 1 entries");
   validate_segments(offs.const_data_ptr<int64_t>(), offs.numel() - 1, num_src_tokens, sq.const_data_ptr<int64_t>(),
                     st.const_data_ptr<int64_t>(), sq.numel(), cu.const_data_ptr<int32_t>(),
-                    cs.const_data_ptr<int32_t>(), cs.numel(), total, "unpack");
+                    cs.const_data_ptr<int32_t>(), cs.numel(), total, op);
   const int64_t token_dims = flat ? 1 : 2, features = feature_numel(p, token_dims);
-  Tensor out = filled_output(p, {num_src_tokens}, token_dims, pad_value);
+  fill_with(out, pad_value);
   const size_t record = p.element_size() * features;
   const uint8_t* in = static_cast<const uint8_t*>(p.const_data_ptr());
   uint8_t* o = static_cast<uint8_t*>(out.mutable_data_ptr());
@@ -280,36 +248,34 @@ Tensor unpack_cpu(const Tensor& packed, const Tensor& src_offsets, const Tensor&
                   (int64_t{c[k + 1]} - c[k]) * record);
     }
   });
-  return out;
 }
 
-Tensor unpack_padded_cpu(const Tensor& packed, const Tensor& seg_seq, const Tensor& seg_start,
-                         const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_sequences,
-                         int64_t max_len, double pad_value) {
-  check_segment_args(packed, seg_seq, seg_start, cu_seqlens, cu_seg, "unpack_padded");
-  const int64_t total = packed_tokens(packed, flat, "unpack_padded");
-  STD_TORCH_CHECK(num_sequences >= 0 && max_len >= 0, "packkit::unpack_padded: num_sequences and max_len must be >= 0");
-  const Tensor p = contiguous_cpu(packed, "unpack_padded", "packed");
-  const Tensor sq = contiguous_cpu(seg_seq, "unpack_padded", "seg_seq");
-  const Tensor st = contiguous_cpu(seg_start, "unpack_padded", "seg_start");
-  const Tensor cu = contiguous_cpu(cu_seqlens, "unpack_padded", "cu_seqlens");
-  const Tensor cs = contiguous_cpu(cu_seg, "unpack_padded", "cu_seg");
+void unpack_padded_impl(const char* op, const Tensor& packed, const Tensor& seg_seq, const Tensor& seg_start,
+                        const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, double pad_value,
+                        const Tensor& out) {
+  const int64_t num_sequences = out.size(0), max_len = out.size(1);
+  const int64_t total = packed_tokens(packed, flat, op);
+  const Tensor p = contiguous_cpu(packed, op, "packed");
+  const Tensor sq = contiguous_cpu(seg_seq, op, "seg_seq");
+  const Tensor st = contiguous_cpu(seg_start, op, "seg_start");
+  const Tensor cu = contiguous_cpu(cu_seqlens, op, "cu_seqlens");
+  const Tensor cs = contiguous_cpu(cu_seg, op, "cu_seg");
   const int32_t* c = cu.const_data_ptr<int32_t>();
   const int32_t* owner = cs.const_data_ptr<int32_t>();
   const int64_t *ss = sq.const_data_ptr<int64_t>(), *sst = st.const_data_ptr<int64_t>();
-  STD_TORCH_CHECK(c[0] == 0 && c[cs.numel()] == total, "packkit::unpack_padded: cu_seqlens must start at 0 and end at "
+  STD_TORCH_CHECK(c[0] == 0 && c[cs.numel()] == total, "packkit::", op, ": cu_seqlens must start at 0 and end at "
                   "the packed token count ", total);
   for (int64_t k = 0; k < cs.numel(); ++k) {
-    STD_TORCH_CHECK(c[k] < c[k + 1], "packkit::unpack_padded: cu_seqlens must be strictly increasing (at ", k, ")");
+    STD_TORCH_CHECK(c[k] < c[k + 1], "packkit::", op, ": cu_seqlens must be strictly increasing (at ", k, ")");
     const int64_t j = owner[k];
-    STD_TORCH_CHECK(j >= -1 && j < sq.numel(), "packkit::unpack_padded: cu_seg[", k, "] = ", j,
+    STD_TORCH_CHECK(j >= -1 && j < sq.numel(), "packkit::", op, ": cu_seg[", k, "] = ", j,
                     " is neither -1 (padding) nor a segment index");
     if (j < 0) continue;
-    STD_TORCH_CHECK(ss[j] >= 0 && ss[j] < num_sequences && sst[j] >= 0, "packkit::unpack_padded: segment ", j,
+    STD_TORCH_CHECK(ss[j] >= 0 && ss[j] < num_sequences && sst[j] >= 0, "packkit::", op, ": segment ", j,
                     " names sequence ", ss[j], " (start ", sst[j], ") but num_sequences is ", num_sequences);
   }
   const int64_t token_dims = flat ? 1 : 2, features = feature_numel(p, token_dims);
-  Tensor out = filled_output(p, {num_sequences, max_len}, token_dims, pad_value);
+  fill_with(out, pad_value);
   const size_t record = p.element_size() * features;
   const uint8_t* in = static_cast<const uint8_t*>(p.const_data_ptr());
   uint8_t* o = static_cast<uint8_t*>(out.mutable_data_ptr());
@@ -322,6 +288,132 @@ Tensor unpack_padded_cpu(const Tensor& packed, const Tensor& seg_seq, const Tens
       std::memcpy(o + (ss[j] * max_len + sst[j]) * record, in + int64_t{c[k]} * record, n * record);
     }
   });
+}
+
+}  // namespace
+
+// --- out-variants: check the caller's outputs, then the shared implementation ----------------------
+void layout_out_cpu(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len,
+                    bool flat, const Tensor& cu_seqlens, const Tensor& cu_seg) {
+  check_layout_outputs("layout_out", seg_length, bin_offsets, num_rows, row_len, flat, cu_seqlens, cu_seg);
+  layout_impl(seg_length, bin_offsets, num_rows, row_len, flat, cu_seqlens, cu_seg);
+}
+
+void pack_out_cpu(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                  const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, const Tensor& out, double pad_value,
+                  std::optional<double> first_value) {
+  const auto [num_rows, row_len] = check_pack_output("pack_out", src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, out);
+  pack_impl("pack_out", src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, num_rows, row_len, flat, pad_value,
+            first_value, out);
+}
+
+void pack_batch_out_cpu(const Tensor& input_ids, const std::optional<Tensor>& labels, const Tensor& src_offsets,
+                        const Tensor& seg_seq, const Tensor& seg_start, const Tensor& seg_length,
+                        const Tensor& bin_offsets, bool flat, const Tensor& out_input_ids, const Tensor& out_labels,
+                        const Tensor& out_position_ids, const Tensor& out_seq_idx, const Tensor& out_cu_seqlens,
+                        const Tensor& out_cu_seg, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
+                        int64_t position_start) {
+  const Tensor& label_src = check_pack_batch_tokens(input_ids, labels);
+  const auto [num_rows, row_len] =
+      check_pack_batch_outputs(input_ids, label_src, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, flat,
+                               out_input_ids, out_labels, out_position_ids, out_seq_idx, out_cu_seqlens, out_cu_seg);
+  const Tensor& cu = out_cu_seqlens;
+  layout_impl(seg_length, bin_offsets, num_rows, row_len, flat, cu, out_cu_seg);
+  pack_impl("pack_batch", input_ids, src_offsets, seg_seq, seg_start, cu, out_cu_seg, num_rows, row_len, flat,
+            static_cast<double>(pad_id), std::nullopt, out_input_ids);
+  pack_impl("pack_batch", label_src, src_offsets, seg_seq, seg_start, cu, out_cu_seg, num_rows, row_len, flat,
+            static_cast<double>(ignore_index),
+            mask_first_label ? std::optional<double>(static_cast<double>(ignore_index)) : std::nullopt, out_labels);
+  const int64_t num_cu_segments = out_cu_seg.numel();
+  const int32_t* c = cu.const_data_ptr<int32_t>();
+  int64_t* pos = out_position_ids.mutable_data_ptr<int64_t>();
+  int32_t* doc = out_seq_idx.mutable_data_ptr<int32_t>();
+  torch::stable::parallel_for(0, num_cu_segments, grain_for(num_cu_segments, c[num_cu_segments]),
+                              [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      for (int64_t p = c[k], i = position_start; p < c[k + 1]; ++p, ++i) pos[p] = i;
+      std::fill(doc + c[k], doc + c[k + 1], static_cast<int32_t>(k));
+    }
+  });
+}
+
+void unpack_out_cpu(const Tensor& packed, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                    const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, const Tensor& out, double pad_value) {
+  check_unpack_output("unpack_out", packed, &src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, out);
+  unpack_impl("unpack_out", packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out);
+}
+
+void unpack_padded_out_cpu(const Tensor& packed, const Tensor& seg_seq, const Tensor& seg_start,
+                           const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, const Tensor& out,
+                           double pad_value) {
+  check_unpack_output("unpack_padded_out", packed, nullptr, seg_seq, seg_start, cu_seqlens, cu_seg, flat, out);
+  unpack_padded_impl("unpack_padded_out", packed, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out);
+}
+
+// --- functional ops: allocate (huge-page advised), then the same implementation --------------------
+std::tuple<Tensor, Tensor> layout_cpu(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows,
+                                      int64_t row_len, bool flat, int64_t num_cu_seqlens) {
+  check_layout_args(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
+  Tensor cu = torch::stable::empty({num_cu_seqlens}, ScalarType::Int);
+  Tensor cu_seg = torch::stable::empty({num_cu_seqlens - 1}, ScalarType::Int);
+  layout_out_cpu(seg_length, bin_offsets, num_rows, row_len, flat, cu, cu_seg);
+  return {cu, cu_seg};
+}
+
+Tensor pack_cpu(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                const Tensor& cu_seqlens, const Tensor& cu_seg, int64_t num_rows, int64_t row_len, bool flat,
+                double pad_value, std::optional<double> first_value) {
+  STD_TORCH_CHECK(src.dim() >= 1, "packkit::pack: src must be [tokens, *feature], got a 0-d tensor");
+  checked_total_tokens(num_rows, row_len, flat, "pack");
+  STD_TORCH_CHECK(src.is_cpu(), "packkit::pack: src must be a CPU tensor here");
+  Tensor out = empty_output(src, packed_shape_of(src, num_rows, row_len, flat));
+  pack_impl("pack", src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, num_rows, row_len, flat, pad_value,
+            first_value, out);
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cpu(
+    const Tensor& input_ids, const std::optional<Tensor>& labels, const Tensor& src_offsets, const Tensor& seg_seq,
+    const Tensor& seg_start, const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len,
+    bool flat, int64_t num_cu_seqlens, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
+    int64_t position_start) {
+  const Tensor& label_src = check_pack_batch_tokens(input_ids, labels);
+  check_layout_args(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
+  STD_TORCH_CHECK(input_ids.is_cpu(), "packkit::pack_batch: input_ids must be a CPU tensor here");
+  const std::vector<int64_t> shape = flat ? std::vector<int64_t>{row_len} : std::vector<int64_t>{num_rows, row_len};
+  Tensor ids = empty_output(input_ids, shape);
+  Tensor lab = empty_output(label_src, shape);
+  Tensor positions = empty_output(input_ids, shape, ScalarType::Long);
+  Tensor seq_idx = empty_output(input_ids, shape, ScalarType::Int);
+  Tensor cu = torch::stable::new_empty(input_ids, {num_cu_seqlens}, ScalarType::Int);
+  Tensor cu_seg = torch::stable::new_empty(input_ids, {num_cu_seqlens - 1}, ScalarType::Int);
+  pack_batch_out_cpu(input_ids, labels, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, flat, ids, lab,
+                     positions, seq_idx, cu, cu_seg, pad_id, ignore_index, mask_first_label, position_start);
+  return {ids, lab, positions, seq_idx, cu};
+}
+
+Tensor unpack_cpu(const Tensor& packed, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                  const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_src_tokens,
+                  double pad_value) {
+  check_index_tensor(src_offsets, "unpack", "src_offsets", ScalarType::Long);
+  check_segment_args(packed, seg_seq, seg_start, cu_seqlens, cu_seg, "unpack");
+  packed_tokens(packed, flat, "unpack");
+  STD_TORCH_CHECK(num_src_tokens >= 0, "packkit::unpack: num_src_tokens must be >= 0");
+  STD_TORCH_CHECK(packed.is_cpu(), "packkit::unpack: packed must be a CPU tensor here");
+  Tensor out = empty_output(packed, unpacked_shape(packed, {num_src_tokens}, flat ? 1 : 2));
+  unpack_impl("unpack", packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out);
+  return out;
+}
+
+Tensor unpack_padded_cpu(const Tensor& packed, const Tensor& seg_seq, const Tensor& seg_start,
+                         const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_sequences,
+                         int64_t max_len, double pad_value) {
+  check_segment_args(packed, seg_seq, seg_start, cu_seqlens, cu_seg, "unpack_padded");
+  packed_tokens(packed, flat, "unpack_padded");
+  STD_TORCH_CHECK(num_sequences >= 0 && max_len >= 0, "packkit::unpack_padded: num_sequences and max_len must be >= 0");
+  STD_TORCH_CHECK(packed.is_cpu(), "packkit::unpack_padded: packed must be a CPU tensor here");
+  Tensor out = empty_output(packed, unpacked_shape(packed, {num_sequences, max_len}, flat ? 1 : 2));
+  unpack_padded_impl("unpack_padded", packed, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out);
   return out;
 }
 

@@ -369,95 +369,47 @@ std::vector<int64_t> packed_shape(int64_t num_rows, int64_t row_len, bool flat, 
 
 }  // namespace
 
-std::tuple<Tensor, Tensor> layout_cuda(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows,
-                                       int64_t row_len, bool flat, int64_t num_cu_seqlens) {
-  check_layout_args(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
+// --- out-variants (the one implementation of each op) --------------------------------------------
+void layout_out_cuda(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len,
+                     bool flat, const Tensor& cu_seqlens, const Tensor& cu_seg) {
+  check_layout_outputs("layout_out", seg_length, bin_offsets, num_rows, row_len, flat, cu_seqlens, cu_seg);
   check_cuda(seg_length, "layout", "seg_length");
   torch::stable::accelerator::DeviceGuard guard(seg_length.get_device_index());
   const Tensor lengths = torch::stable::contiguous(seg_length), offsets = torch::stable::contiguous(bin_offsets);
-  Tensor cu = torch::stable::new_empty(lengths, {num_cu_seqlens}, ScalarType::Int);
-  Tensor cu_seg = torch::stable::new_empty(lengths, {num_cu_seqlens - 1}, ScalarType::Int);
-  launch_layout(lengths, offsets, num_rows, row_len, flat, cu, cu_seg, current_stream(lengths));
-  return {cu, cu_seg};
+  launch_layout(lengths, offsets, num_rows, row_len, flat, cu_seqlens, cu_seg, current_stream(lengths));
 }
 
-Tensor pack_cuda(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
-                 const Tensor& cu_seqlens, const Tensor& cu_seg, int64_t num_rows, int64_t row_len, bool flat,
-                 double pad_value, std::optional<double> first_value) {
-  STD_TORCH_CHECK(src.dim() >= 1, "packkit::pack: src must be [tokens, *feature], got a 0-d tensor");
-  check_index_tensor(src_offsets, "pack", "src_offsets", ScalarType::Long);
-  check_segment_args(src, seg_seq, seg_start, cu_seqlens, cu_seg, "pack");
-  check_same_device(src, src_offsets, "pack", "src", "src_offsets");
-  check_cuda(src, "pack", "src");
-  STD_TORCH_CHECK(src_offsets.numel() >= 1, "packkit::pack: src_offsets needs num_sequences + 1 >= 1 entries");
-  const int64_t total = checked_total_tokens(num_rows, row_len, flat, "pack");
+namespace {
+void pack_cuda_impl(const char* op, const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq,
+                    const Tensor& seg_start, const Tensor& cu_seqlens, const Tensor& cu_seg, int64_t num_rows,
+                    int64_t row_len, bool flat, double pad_value, std::optional<double> first_value,
+                    const Tensor& out) {
+  check_index_tensor(src_offsets, op, "src_offsets", ScalarType::Long);
+  check_segment_args(src, seg_seq, seg_start, cu_seqlens, cu_seg, op);
+  check_same_device(src, src_offsets, op, "src", "src_offsets");
+  check_cuda(src, op, "src");
+  STD_TORCH_CHECK(src_offsets.numel() >= 1, "packkit::", op, ": src_offsets needs num_sequences + 1 >= 1 entries");
+  const int64_t total = checked_total_tokens(num_rows, row_len, flat, op);
   torch::stable::accelerator::DeviceGuard guard(src.get_device_index());
   const Tensor s = torch::stable::contiguous(src);
   const Tensor offs = torch::stable::contiguous(src_offsets), sq = torch::stable::contiguous(seg_seq);
   const Tensor st = torch::stable::contiguous(seg_start), cu = torch::stable::contiguous(cu_seqlens);
   const Tensor cs = torch::stable::contiguous(cu_seg);
-  Tensor out = torch::stable::new_empty(s, packed_shape(num_rows, row_len, flat, s, 1));
   const int64_t features = feature_numel(s, 1), total_elems = total * features;
-  if (total_elems == 0) return out;
   const auto pad = value_bytes(pad_value, s.scalar_type());
   std::optional<std::array<uint8_t, 16>> first;
   if (first_value) first = value_bytes(*first_value, s.scalar_type());
+  if (total_elems == 0) return;
   cudaStream_t stream = current_stream(s);
-  dispatch_width(s.element_size(), "pack", [&](auto w) {
+  dispatch_width(s.element_size(), op, [&](auto w) {
     launch_pack<decltype(w)::value>(s, offs, sq, st, cu, cs, features, total_elems, pad, first, out, stream);
   });
-  return out;
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cuda(
-    const Tensor& input_ids, const std::optional<Tensor>& labels, const Tensor& src_offsets, const Tensor& seg_seq,
-    const Tensor& seg_start, const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len,
-    bool flat, int64_t num_cu_seqlens, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
-    int64_t position_start) {
-  const Tensor& label_src = check_pack_batch_tokens(input_ids, labels);
-  check_index_tensor(src_offsets, "pack_batch", "src_offsets", ScalarType::Long);
-  check_index_tensor(seg_seq, "pack_batch", "seg_seq", ScalarType::Long);
-  check_index_tensor(seg_start, "pack_batch", "seg_start", ScalarType::Long);
-  for (const Tensor* t : {&label_src, &src_offsets, &seg_seq, &seg_start, &seg_length, &bin_offsets}) {
-    check_same_device(input_ids, *t, "pack_batch", "input_ids", "every other tensor");
-  }
-  check_cuda(input_ids, "pack_batch", "input_ids");
-  STD_TORCH_CHECK(src_offsets.numel() >= 1, "packkit::pack_batch: src_offsets needs num_sequences + 1 >= 1 entries");
-  STD_TORCH_CHECK(seg_seq.numel() == seg_start.numel(), "packkit::pack_batch: seg_seq and seg_start must have the same length");
-  torch::stable::accelerator::DeviceGuard guard(input_ids.get_device_index());
-  const auto layout = layout_cuda(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
-  const Tensor& cu = std::get<0>(layout);
-  const Tensor& cu_seg = std::get<1>(layout);
-  const Tensor ids_src = torch::stable::contiguous(input_ids), lab_src = torch::stable::contiguous(label_src);
-  const Tensor offs = torch::stable::contiguous(src_offsets), sq = torch::stable::contiguous(seg_seq);
-  const Tensor st = torch::stable::contiguous(seg_start);
-  const std::vector<int64_t> shape = flat ? std::vector<int64_t>{row_len} : std::vector<int64_t>{num_rows, row_len};
-  Tensor ids = torch::stable::new_empty(ids_src, shape);
-  Tensor lab = torch::stable::new_empty(lab_src, shape);
-  Tensor positions = torch::stable::new_empty(ids_src, shape, ScalarType::Long);
-  Tensor seq_idx = torch::stable::new_empty(ids_src, shape, ScalarType::Int);
-  const int64_t total = flat ? row_len : num_rows * row_len;
-  if (total == 0) return {ids, lab, positions, seq_idx, cu};
-  value_bytes(static_cast<double>(pad_id), ids_src.scalar_type());  // range checks with a clear message
-  value_bytes(static_cast<double>(ignore_index), lab_src.scalar_type());
-  cudaStream_t stream = current_stream(ids_src);
-  const bool ids64 = ids_src.scalar_type() == ScalarType::Long, lab64 = lab_src.scalar_type() == ScalarType::Long;
-  auto go = [&](auto id_tag, auto label_tag) {
-    launch_pack_batch<decltype(id_tag), decltype(label_tag)>(ids_src, lab_src, offs, sq, st, cu, cu_seg, total, pad_id,
-                                                             ignore_index, mask_first_label, position_start, ids, lab,
-                                                             positions, seq_idx, stream);
-  };
-  if (ids64 && lab64) go(int64_t{}, int64_t{});
-  else if (ids64) go(int64_t{}, int32_t{});
-  else if (lab64) go(int32_t{}, int64_t{});
-  else go(int32_t{}, int32_t{});
-  return {ids, lab, positions, seq_idx, cu};
-}
-
-namespace {
-Tensor unpack_cuda_impl(const Tensor& packed, const std::optional<Tensor>& src_offsets, const Tensor& seg_seq,
-                        const Tensor& seg_start, const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat,
-                        int64_t out_rows, int64_t max_len, double pad_value, const char* op) {
+// Flat unpack (src_offsets given): out [num_src_tokens, *f]; padded (none): out [num_sequences, max_len, *f].
+void unpack_cuda_impl(const char* op, const Tensor& packed, const std::optional<Tensor>& src_offsets,
+                      const Tensor& seg_seq, const Tensor& seg_start, const Tensor& cu_seqlens, const Tensor& cu_seg,
+                      bool flat, double pad_value, const Tensor& out) {
   check_segment_args(packed, seg_seq, seg_start, cu_seqlens, cu_seg, op);
   check_cuda(packed, op, "packed");
   const int64_t tokens = packed_tokens(packed, flat, op);
@@ -473,10 +425,7 @@ Tensor unpack_cuda_impl(const Tensor& packed, const std::optional<Tensor>& src_o
     offs = torch::stable::contiguous(*src_offsets);
   }
   const int64_t token_dims = flat ? 1 : 2, features = feature_numel(p, token_dims);
-  std::vector<int64_t> shape{out_rows};
-  if (max_len >= 0) shape.push_back(max_len);
-  for (int64_t d = token_dims; d < p.dim(); ++d) shape.push_back(p.size(d));
-  Tensor out = torch::stable::new_empty(p, shape);
+  const int64_t out_rows = out.size(0), max_len = offs ? -1 : out.size(1);
   const int64_t out_tokens = max_len >= 0 ? out_rows * max_len : out_rows;
   const auto pad = value_bytes(pad_value, p.scalar_type());
   cudaStream_t stream = current_stream(p);
@@ -484,19 +433,142 @@ Tensor unpack_cuda_impl(const Tensor& packed, const std::optional<Tensor>& src_o
     // Padded: sequences are output rows; flat: the entries of src_offsets.
     const int64_t num_sources = offs ? offs->numel() - 1 : out_rows;
     launch_unpack<decltype(w)::value>(p, offs ? offs->const_data_ptr<int64_t>() : nullptr, num_sources, sq, st, cu, cs,
-                                      features,
-                                      tokens * features, max_len, out_tokens, pad, out, stream);
+                                      features, tokens * features, max_len, out_tokens, pad, out, stream);
   });
-  return out;
+}
+
+std::vector<int64_t> unpacked_shape(const Tensor& packed, std::vector<int64_t> leading, bool flat) {
+  for (int64_t d = flat ? 1 : 2; d < packed.dim(); ++d) leading.push_back(packed.size(d));
+  return leading;
 }
 }  // namespace
+
+void pack_out_cuda(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                   const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, const Tensor& out, double pad_value,
+                   std::optional<double> first_value) {
+  const auto rows = check_pack_output("pack_out", src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, out);
+  pack_cuda_impl("pack_out", src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, rows.first, rows.second, flat,
+                 pad_value, first_value, out);
+}
+
+void pack_batch_out_cuda(const Tensor& input_ids, const std::optional<Tensor>& labels, const Tensor& src_offsets,
+                         const Tensor& seg_seq, const Tensor& seg_start, const Tensor& seg_length,
+                         const Tensor& bin_offsets, bool flat, const Tensor& out_input_ids, const Tensor& out_labels,
+                         const Tensor& out_position_ids, const Tensor& out_seq_idx, const Tensor& out_cu_seqlens,
+                         const Tensor& out_cu_seg, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
+                         int64_t position_start) {
+  const Tensor& label_src = check_pack_batch_tokens(input_ids, labels);
+  const auto rows =
+      check_pack_batch_outputs(input_ids, label_src, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, flat,
+                               out_input_ids, out_labels, out_position_ids, out_seq_idx, out_cu_seqlens, out_cu_seg);
+  const int64_t num_rows = rows.first, row_len = rows.second;
+  check_index_tensor(src_offsets, "pack_batch", "src_offsets", ScalarType::Long);
+  check_index_tensor(seg_seq, "pack_batch", "seg_seq", ScalarType::Long);
+  check_index_tensor(seg_start, "pack_batch", "seg_start", ScalarType::Long);
+  for (const Tensor* t : {&label_src, &src_offsets, &seg_seq, &seg_start, &seg_length, &bin_offsets}) {
+    check_same_device(input_ids, *t, "pack_batch", "input_ids", "every other tensor");
+  }
+  check_cuda(input_ids, "pack_batch", "input_ids");
+  STD_TORCH_CHECK(src_offsets.numel() >= 1, "packkit::pack_batch: src_offsets needs num_sequences + 1 >= 1 entries");
+  STD_TORCH_CHECK(seg_seq.numel() == seg_start.numel(), "packkit::pack_batch: seg_seq and seg_start must have the same length");
+  value_bytes(static_cast<double>(pad_id), input_ids.scalar_type());  // range checks with a clear message
+  value_bytes(static_cast<double>(ignore_index), label_src.scalar_type());
+  torch::stable::accelerator::DeviceGuard guard(input_ids.get_device_index());
+  const Tensor& cu = out_cu_seqlens;
+  const Tensor& cu_seg = out_cu_seg;
+  {
+    const Tensor lengths = torch::stable::contiguous(seg_length), offsets = torch::stable::contiguous(bin_offsets);
+    launch_layout(lengths, offsets, num_rows, row_len, flat, cu, cu_seg, current_stream(lengths));
+  }
+  const int64_t total = flat ? row_len : num_rows * row_len;
+  if (total == 0) return;
+  const Tensor ids_src = torch::stable::contiguous(input_ids), lab_src = torch::stable::contiguous(label_src);
+  const Tensor offs = torch::stable::contiguous(src_offsets), sq = torch::stable::contiguous(seg_seq);
+  const Tensor st = torch::stable::contiguous(seg_start);
+  cudaStream_t stream = current_stream(ids_src);
+  const bool ids64 = ids_src.scalar_type() == ScalarType::Long, lab64 = lab_src.scalar_type() == ScalarType::Long;
+  auto go = [&](auto id_tag, auto label_tag) {
+    launch_pack_batch<decltype(id_tag), decltype(label_tag)>(ids_src, lab_src, offs, sq, st, cu, cu_seg, total, pad_id,
+                                                             ignore_index, mask_first_label, position_start,
+                                                             out_input_ids, out_labels, out_position_ids, out_seq_idx,
+                                                             stream);
+  };
+  if (ids64 && lab64) go(int64_t{}, int64_t{});
+  else if (ids64) go(int64_t{}, int32_t{});
+  else if (lab64) go(int32_t{}, int64_t{});
+  else go(int32_t{}, int32_t{});
+}
+
+void unpack_out_cuda(const Tensor& packed, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                     const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, const Tensor& out, double pad_value) {
+  check_unpack_output("unpack_out", packed, &src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, out);
+  unpack_cuda_impl("unpack_out", packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out);
+}
+
+void unpack_padded_out_cuda(const Tensor& packed, const Tensor& seg_seq, const Tensor& seg_start,
+                            const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, const Tensor& out,
+                            double pad_value) {
+  check_unpack_output("unpack_padded_out", packed, nullptr, seg_seq, seg_start, cu_seqlens, cu_seg, flat, out);
+  unpack_cuda_impl("unpack_padded_out", packed, std::nullopt, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value,
+                   out);
+}
+
+// --- functional ops: allocate, then the out-variant's implementation --------------------------------
+std::tuple<Tensor, Tensor> layout_cuda(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows,
+                                       int64_t row_len, bool flat, int64_t num_cu_seqlens) {
+  check_layout_args(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
+  check_cuda(seg_length, "layout", "seg_length");
+  torch::stable::accelerator::DeviceGuard guard(seg_length.get_device_index());
+  Tensor cu = torch::stable::new_empty(seg_length, {num_cu_seqlens}, ScalarType::Int);
+  Tensor cu_seg = torch::stable::new_empty(seg_length, {num_cu_seqlens - 1}, ScalarType::Int);
+  layout_out_cuda(seg_length, bin_offsets, num_rows, row_len, flat, cu, cu_seg);
+  return {cu, cu_seg};
+}
+
+Tensor pack_cuda(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
+                 const Tensor& cu_seqlens, const Tensor& cu_seg, int64_t num_rows, int64_t row_len, bool flat,
+                 double pad_value, std::optional<double> first_value) {
+  STD_TORCH_CHECK(src.dim() >= 1, "packkit::pack: src must be [tokens, *feature], got a 0-d tensor");
+  checked_total_tokens(num_rows, row_len, flat, "pack");
+  check_cuda(src, "pack", "src");
+  torch::stable::accelerator::DeviceGuard guard(src.get_device_index());
+  Tensor out = torch::stable::new_empty(src, packed_shape(num_rows, row_len, flat, src, 1));
+  pack_cuda_impl("pack", src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, num_rows, row_len, flat, pad_value,
+                 first_value, out);
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cuda(
+    const Tensor& input_ids, const std::optional<Tensor>& labels, const Tensor& src_offsets, const Tensor& seg_seq,
+    const Tensor& seg_start, const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len,
+    bool flat, int64_t num_cu_seqlens, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
+    int64_t position_start) {
+  const Tensor& label_src = check_pack_batch_tokens(input_ids, labels);
+  check_layout_args(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
+  check_cuda(input_ids, "pack_batch", "input_ids");
+  torch::stable::accelerator::DeviceGuard guard(input_ids.get_device_index());
+  const std::vector<int64_t> shape = flat ? std::vector<int64_t>{row_len} : std::vector<int64_t>{num_rows, row_len};
+  Tensor ids = torch::stable::new_empty(input_ids, shape);
+  Tensor lab = torch::stable::new_empty(label_src, shape);
+  Tensor positions = torch::stable::new_empty(input_ids, shape, ScalarType::Long);
+  Tensor seq_idx = torch::stable::new_empty(input_ids, shape, ScalarType::Int);
+  Tensor cu = torch::stable::new_empty(input_ids, {num_cu_seqlens}, ScalarType::Int);
+  Tensor cu_seg = torch::stable::new_empty(input_ids, {num_cu_seqlens - 1}, ScalarType::Int);
+  pack_batch_out_cuda(input_ids, labels, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, flat, ids, lab,
+                      positions, seq_idx, cu, cu_seg, pad_id, ignore_index, mask_first_label, position_start);
+  return {ids, lab, positions, seq_idx, cu};
+}
 
 Tensor unpack_cuda(const Tensor& packed, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
                    const Tensor& cu_seqlens, const Tensor& cu_seg, bool flat, int64_t num_src_tokens,
                    double pad_value) {
   STD_TORCH_CHECK(num_src_tokens >= 0, "packkit::unpack: num_src_tokens must be >= 0");
-  return unpack_cuda_impl(packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, num_src_tokens, -1,
-                          pad_value, "unpack");
+  packed_tokens(packed, flat, "unpack");
+  check_cuda(packed, "unpack", "packed");
+  torch::stable::accelerator::DeviceGuard guard(packed.get_device_index());
+  Tensor out = torch::stable::new_empty(packed, unpacked_shape(packed, {num_src_tokens}, flat));
+  unpack_cuda_impl("unpack", packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out);
+  return out;
 }
 
 Tensor unpack_padded_cuda(const Tensor& packed, const Tensor& seg_seq, const Tensor& seg_start,
@@ -504,8 +576,13 @@ Tensor unpack_padded_cuda(const Tensor& packed, const Tensor& seg_seq, const Ten
                           int64_t max_len, double pad_value) {
   STD_TORCH_CHECK(num_sequences >= 0 && max_len >= 0,
                   "packkit::unpack_padded: num_sequences and max_len must be >= 0");
-  return unpack_cuda_impl(packed, std::nullopt, seg_seq, seg_start, cu_seqlens, cu_seg, flat, num_sequences, max_len,
-                          pad_value, "unpack_padded");
+  packed_tokens(packed, flat, "unpack_padded");
+  check_cuda(packed, "unpack_padded", "packed");
+  torch::stable::accelerator::DeviceGuard guard(packed.get_device_index());
+  Tensor out = torch::stable::new_empty(packed, unpacked_shape(packed, {num_sequences, max_len}, flat));
+  unpack_cuda_impl("unpack_padded", packed, std::nullopt, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value,
+                   out);
+  return out;
 }
 
 }  // namespace packkit::ops
@@ -516,4 +593,9 @@ STABLE_TORCH_LIBRARY_IMPL(packkit, CUDA, m) {
   m.impl("pack_batch", TORCH_BOX(&packkit::ops::pack_batch_cuda));
   m.impl("unpack", TORCH_BOX(&packkit::ops::unpack_cuda));
   m.impl("unpack_padded", TORCH_BOX(&packkit::ops::unpack_padded_cuda));
+  m.impl("layout_out", TORCH_BOX(&packkit::ops::layout_out_cuda));
+  m.impl("pack_out", TORCH_BOX(&packkit::ops::pack_out_cuda));
+  m.impl("pack_batch_out", TORCH_BOX(&packkit::ops::pack_batch_out_cuda));
+  m.impl("unpack_out", TORCH_BOX(&packkit::ops::unpack_out_cuda));
+  m.impl("unpack_padded_out", TORCH_BOX(&packkit::ops::unpack_padded_out_cuda));
 }

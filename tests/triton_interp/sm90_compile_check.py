@@ -147,7 +147,54 @@ def trace_checks() -> None:
     # pack_batch 2 + layout 1 + pack 1 + unpack 2 + unpack_padded 2
     assert launches == 8, targets
     assert not any("packkit" in t for t in targets), targets
+    launches += trace_out_variants(args)
     print(f"TRACED {launches} kernel launches")
+
+
+def trace_out_variants(args) -> int:
+    """The out-variants the same way: under FakeTensorMode they run (output checks included) without
+    a kernel, and AOT autograd turns them into the same kernel launches plus copies back into the
+    caller's buffers (functionalised mutation)."""
+    from torch._functorch.aot_autograd import aot_function
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    i64, i32, bf16 = dict(dtype=torch.int64), dict(dtype=torch.int32), dict(dtype=torch.bfloat16)
+    outs = dict(o_ids=torch.empty(2, 8, **i32), o_lab=torch.empty(2, 8, **i32), o_pos=torch.empty(2, 8, **i64),
+                o_doc=torch.empty(2, 8, **i32), o_cu=torch.empty(4, **i32), o_seg=torch.empty(3, **i32),
+                l_cu=torch.empty(4, **i32), l_seg=torch.empty(3, **i32), packed=torch.empty(2, 4, 2, **bf16),
+                back=torch.empty(9, 2, **bf16), padded=torch.empty(2, 6, 2, **bf16))
+    every = {**args, **outs}
+
+    def ops(a):
+        P.pack_batch_out(a["ids"], None, a["offs"], a["seg_seq"], a["seg_start"], a["seg_length"], a["bins"], False,
+                         a["o_ids"], a["o_lab"], a["o_pos"], a["o_doc"], a["o_cu"], a["o_seg"])
+        P.layout_out(a["seg_length"], a["bins"], 1, 12, True, a["l_cu"], a["l_seg"])
+        P.pack_out(a["src"], a["offs"], a["seg_seq"], a["seg_start"], a["cu"], a["cu_seg"], False, a["packed"], -0.0,
+                   None)
+        P.unpack_out(a["packed"], a["offs"], a["seg_seq"], a["seg_start"], a["cu"], a["cu_seg"], False, a["back"], 1.5)
+        P.unpack_padded_out(a["packed"], a["seg_seq"], a["seg_start"], a["cu"], a["cu_seg"], False, a["padded"], 1.5)
+        return tuple(a[k] for k in outs)
+
+    with FakeTensorMode() as mode:
+        ops({k: mode.from_tensor(v) for k, v in every.items()})
+
+    graphs = []
+
+    def compiler(gm, _):
+        graphs.append(gm)
+        raise _StopAfterTrace
+
+    names = list(every)
+    try:
+        aot_function(lambda *xs: ops(dict(zip(names, xs))), fw_compiler=compiler)(*every.values())
+    except _StopAfterTrace:
+        pass
+    assert graphs, "AOT autograd produced no graph for the out-variants"
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    launches = targets.count("triton_kernel_wrapper_functional")
+    assert launches == 8, targets  # the same launches as the functional ops
+    assert not any("packkit" in t for t in targets), targets
+    return launches
 
 
 if __name__ == "__main__":

@@ -523,13 +523,113 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
 
 def test_registered_ops_and_schemas():
     """torch.ops.packkit.triton_* exist with the C++ schemas' argument names, order and defaults."""
-    for name in ("layout", "pack", "pack_batch", "unpack", "unpack_padded"):
+    for name in ("layout", "pack", "pack_batch", "unpack", "unpack_padded", "layout_out", "pack_out",
+                 "pack_batch_out", "unpack_out", "unpack_padded_out"):
         triton_schema = getattr(torch.ops.packkit, f"triton_{name}").default._schema
         cpp_schema = getattr(torch.ops.packkit, name).default._schema
         assert [a.name for a in triton_schema.arguments] == [a.name for a in cpp_schema.arguments], name
+        assert [a.is_out or (a.alias_info is not None and a.alias_info.is_write) for a in triton_schema.arguments] == \
+            [a.is_out or (a.alias_info is not None and a.alias_info.is_write) for a in cpp_schema.arguments], name
         assert [a.default_value for a in triton_schema.arguments] == [a.default_value for a in
                                                                        cpp_schema.arguments], name
         assert len(triton_schema.returns) == len(cpp_schema.returns), name
     p = HAND["padded_all_full"]
     cu, cu_seg = torch.ops.packkit.triton_layout(p.seg_length, p.bin_offsets, p.num_rows, p.row_len, False, p.num_cu)
     assert_bits_equal(cu, p.cu)
+
+
+# --------------------------------------------------------------------------------------------------
+# Out-variants (triton_*_out): the same kernels into caller-owned, poisoned and guarded outputs
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("name", HAND)
+def test_out_variants_match_reference(name, cfg, guarded_outputs):
+    plan, gen = HAND[name], torch.Generator().manual_seed(9)
+    empty = guarded_outputs.empty  # poisoned, with guard bytes checked after the test
+    with config(cfg):
+        cu, cu_seg = empty(plan.num_cu, dtype=I32), empty(plan.num_cu - 1, dtype=I32)
+        assert tk.layout_out(plan.seg_length, plan.bin_offsets, plan.num_rows, plan.row_len, plan.flat, cu,
+                             cu_seg) is None
+        assert_bits_equal(cu, plan.cu, "layout_out cu")
+        assert_bits_equal(cu_seg, plan.cu_seg, "layout_out cu_seg")
+        for dtype, feature in ((torch.float32, ()), (torch.bfloat16, (3,)), (torch.complex64, (2, 2)),
+                               (torch.bool, ())):
+            src = random_bits((plan.num_src_tokens,) + feature, dtype, gen)
+            out = empty(packed_shape(plan, feature), dtype=dtype)
+            tk.pack_out(src, plan.src_offsets, plan.seg_seq, plan.seg_start, cu, cu_seg, plan.flat, out, 1.0, 1.0)
+            assert_bits_equal(out, reference_pack(src, plan.src_offsets, plan.seg_seq, plan.seg_start, plan.cu,
+                                                  plan.cu_seg, plan.num_rows, plan.row_len, plan.flat, 1.0, 1.0),
+                              f"pack_out {dtype} {feature}")
+            back = empty((plan.num_src_tokens,) + feature, dtype=dtype)
+            tk.unpack_out(out, plan.src_offsets, plan.seg_seq, plan.seg_start, cu, cu_seg, plan.flat, back, 1.0)
+            assert_bits_equal(back, reference_unpack(out, plan.src_offsets, plan.seg_seq, plan.seg_start, plan.cu,
+                                                     plan.cu_seg, plan.flat, 1.0), f"unpack_out {dtype}")
+            padded = empty((len(plan.lengths), 5) + feature, dtype=dtype)
+            tk.unpack_padded_out(out, plan.seg_seq, plan.seg_start, cu, cu_seg, plan.flat, padded, 1.0)
+            assert_bits_equal(padded, reference_unpack_padded(out, plan.seg_seq, plan.seg_start, plan.cu, plan.cu_seg,
+                                                              plan.flat, len(plan.lengths), 5, 1.0),
+                              f"unpack_padded_out {dtype}")
+        for ids_dtype, labels_dtype in ((I64, None), (I32, I64)):
+            ids = torch.randint(-2**31, 2**31 - 1, (plan.num_src_tokens,), generator=gen).to(ids_dtype)
+            labels = None if labels_dtype is None else torch.randint(0, 50000, (plan.num_src_tokens,),
+                                                                     generator=gen).to(labels_dtype)
+            shape = packed_shape(plan, ())
+            outs = (empty(shape, dtype=ids_dtype), empty(shape, dtype=labels_dtype or ids_dtype),
+                    empty(shape, dtype=I64), empty(shape, dtype=I32), empty(plan.num_cu, dtype=I32),
+                    empty(plan.num_cu - 1, dtype=I32))
+            tk.pack_batch_out(ids, labels, plan.src_offsets, plan.seg_seq, plan.seg_start, plan.seg_length,
+                              plan.bin_offsets, plan.flat, *outs, 3, -1, True, 2)
+            want = reference_pack_batch(ids, labels, plan.src_offsets, plan.seg_seq, plan.seg_start, plan.seg_length,
+                                        plan.bin_offsets, plan.num_rows, plan.row_len, plan.flat, 3, -1, True, 2)
+            for what, g, w in zip(("input_ids", "labels", "position_ids", "seq_idx", "cu_seqlens"), outs, want):
+                assert_bits_equal(g, w, f"pack_batch_out {what} {ids_dtype} {labels_dtype}")
+            assert_bits_equal(outs[5], plan.cu_seg, "pack_batch_out cu_seg")
+
+
+def _bad_out_calls():
+    p, src, packed, ids = _valid()
+    shape = (p.num_rows, p.row_len)
+    pk = dict(src=src, src_offsets=p.src_offsets, seg_seq=p.seg_seq, seg_start=p.seg_start, cu_seqlens=p.cu,
+              cu_seg=p.cu_seg, flat=False, out=torch.empty(shape + (3,)))
+    yield "pack_out_shape", tk.pack_out, dict(pk, out=torch.empty(shape + (4,))), ValueError, "out must have shape"
+    yield "pack_out_dims", tk.pack_out, dict(pk, out=torch.empty(shape)), ValueError, "out must have 3 dims"
+    yield "pack_out_dtype", tk.pack_out, dict(pk, out=torch.empty(shape + (3,), dtype=torch.float64)), TypeError, \
+        "out has dtype torch.float64"
+    yield "pack_out_contig", tk.pack_out, dict(pk, out=torch.empty((p.num_rows, 3, p.row_len)).transpose(1, 2)), \
+        ValueError, "contiguous"
+    yield "pack_out_overlap", tk.pack_out, dict(pk, src=pk["out"].view(-1, 3)[:src.shape[0]]), ValueError, \
+        "out overlaps src"
+    outs = dict(out_input_ids=torch.empty(shape, dtype=I64), out_labels=torch.empty(shape, dtype=I64),
+                out_position_ids=torch.empty(shape, dtype=I64), out_seq_idx=torch.empty(shape, dtype=I32),
+                out_cu_seqlens=torch.empty(p.num_cu, dtype=I32), out_cu_seg=torch.empty(p.num_cu - 1, dtype=I32))
+    pb = dict(input_ids=ids, labels=None, src_offsets=p.src_offsets, seg_seq=p.seg_seq, seg_start=p.seg_start,
+              seg_length=p.seg_length, bin_offsets=p.bin_offsets, flat=False, **outs)
+    yield "pack_batch_out_dtype", tk.pack_batch_out, dict(pb, out_seq_idx=torch.empty(shape, dtype=I64)), TypeError, \
+        "out_seq_idx has dtype"
+    yield "pack_batch_out_same", tk.pack_batch_out, dict(pb, out_labels=outs["out_input_ids"]), ValueError, \
+        "out_input_ids overlaps out_labels"
+    yield "pack_batch_out_cu", tk.pack_batch_out, dict(pb, out_cu_seg=outs["out_cu_seg"][:-1]), ValueError, \
+        "out_cu_seg must have shape"
+    yield "unpack_out_shape", tk.unpack_out, dict(packed=packed, src_offsets=p.src_offsets, seg_seq=p.seg_seq,
+                                                  seg_start=p.seg_start, cu_seqlens=p.cu, cu_seg=p.cu_seg, flat=False,
+                                                  out=torch.empty(p.num_src_tokens, 2)), ValueError, "out must have shape"
+    yield "unpack_padded_out_dims", tk.unpack_padded_out, dict(packed=packed, seg_seq=p.seg_seq, seg_start=p.seg_start,
+                                                               cu_seqlens=p.cu, cu_seg=p.cu_seg, flat=False,
+                                                               out=torch.empty(len(p.lengths), 3)), ValueError, \
+        "out must have 3 dims"
+    yield "layout_out_empty", tk.layout_out, dict(seg_length=p.seg_length, bin_offsets=p.bin_offsets,
+                                                  num_rows=p.num_rows, row_len=p.row_len, flat=False,
+                                                  cu_seqlens=torch.empty(0, dtype=I32),
+                                                  cu_seg=torch.empty(0, dtype=I32)), ValueError, "1-D int32"
+
+
+BAD_OUT = {name: rest for name, *rest in _bad_out_calls()}
+
+
+@pytest.mark.parametrize("name", BAD_OUT)
+def test_bad_out_arguments(name):
+    fn, kwargs, exc, match = BAD_OUT[name]
+    with pytest.raises(exc, match=match):
+        fn(**kwargs)
