@@ -11,13 +11,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import gpu_gate
 import packkit  # noqa: F401  (registers the ops)
 from pack_reference import (reference_layout, reference_pack, reference_pack_batch, reference_unpack,
                             reference_unpack_padded)
 from pack_samples import DTYPES, FEATURES, make_case, random_source, sample_cases
 
 OPS = torch.ops.packkit
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and packkit.ops.HAS_CUDA_KERNELS else [])
+DEVICES = ["cpu", pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels)]
 
 
 def poisoned(shape, dtype, device, byte=0xA5):
@@ -273,7 +274,7 @@ def test_bad_unpack_out_outputs():
                        cu_seg[:-1].clone())
 
 
-@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU and packkit's CUDA kernels")
+@gpu_gate.needs_cuda_kernels
 def test_out_on_wrong_device():
     case = _case()
     cu, cu_seg = reference_layout(case.seg_length, case.bin_offsets, case.num_rows, case.row_len, False)
@@ -283,7 +284,7 @@ def test_out_on_wrong_device():
                      torch.empty(case.num_rows, case.row_len, 3))
 
 
-@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU and packkit's CUDA kernels")
+@gpu_gate.needs_cuda_kernels
 def test_cuda_graph_replays_into_static_buffers():
     """The point of out-variants on a GPU: capture pack_batch_out once, replay with new data in place."""
     case = make_case(23, dtype=torch.int64, flat=False, extra_rows=2, max_seqs=10)
@@ -304,8 +305,8 @@ def test_cuda_graph_replays_into_static_buffers():
         assert all(same_bytes(g, r) for g, r in zip(outs, ref)), step
 
 
-@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU and packkit's CUDA kernels")
-@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("backend", [pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
+                                     pytest.param("triton", marks=gpu_gate.needs_triton_gpu)])
 def test_pack_sequences_reuse_on_cuda(backend):
     buffers = packkit.PackBuffers(2)
     rng = np.random.default_rng(7)
