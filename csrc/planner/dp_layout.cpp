@@ -202,21 +202,21 @@ Slots deal_in_order(const BinAssignment& bins, int64_t dp_size) {
   return slots;
 }
 
-Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
-                    const std::vector<double>& costs, int64_t capacity, int64_t dp_size) {
-  Slots by_bin = group_by_bin(bins);
-  if (dp_size == 1) return by_bin;
+namespace {
 
-  std::vector<double> cost(by_bin.size());
-  for (size_t b = 0; b < by_bin.size(); ++b) cost[b] = bin_cost(by_bin[b], costs);
-  std::vector<size_t> order(by_bin.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+double sum_of_step_maxima(const Slots& slots, const std::vector<double>& costs, size_t dp) {
+  double sum = 0;
+  for (size_t s = 0; s * dp < slots.size(); ++s) {
+    double top = 0;
+    for (size_t k = s * dp; k < (s + 1) * dp; ++k) top = std::max(top, bin_cost(slots[k], costs));
+    sum += top;
+  }
+  return sum;
+}
 
-  Slots slots(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
-  for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
-
-  const size_t dp = static_cast<size_t>(dp_size);
+// Improves a step-major layout in place: moves/swaps inside each step, empty rows of the last step
+// filled from other steps.
+void polish(Slots& slots, const int64_t* lengths, const std::vector<double>& costs, int64_t capacity, size_t dp) {
   auto refine_step = [&](size_t s) {
     StepState state(lengths, costs, capacity);
     for (size_t k = s * dp; k < (s + 1) * dp; ++k) state.add(&slots[k]);
@@ -224,8 +224,53 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
   };
   const size_t num_steps = slots.size() / dp;
   for (size_t s = 0; s < num_steps; ++s) refine_step(s);
-  fill_last_step(slots, costs, dp_size);
+  fill_last_step(slots, costs, static_cast<int64_t>(dp));
   if (num_steps > 0) refine_step(num_steps - 1);
+}
+
+// Moves the one step holding empty rows to the end; false if empty rows are in several steps or
+// the layout has more than `max_slots` rows.
+bool empty_rows_last(Slots& slots, size_t dp, size_t max_slots) {
+  if (slots.size() > max_slots) return false;
+  size_t with_empty = slots.size() / dp, count = 0;
+  for (size_t s = 0; s * dp < slots.size(); ++s)
+    for (size_t k = s * dp; k < (s + 1) * dp; ++k)
+      if (slots[k].empty()) {
+        if (with_empty != s) ++count, with_empty = s;
+      }
+  if (count > 1) return false;
+  if (count == 1 && with_empty + 1 < slots.size() / dp) {
+    const size_t last = slots.size() / dp - 1;
+    for (size_t r = 0; r < dp; ++r) std::swap(slots[with_empty * dp + r], slots[last * dp + r]);
+  }
+  return true;
+}
+
+}  // namespace
+
+Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
+                    const std::vector<double>& costs, int64_t capacity, int64_t dp_size) {
+  Slots by_bin = group_by_bin(bins);
+  if (dp_size == 1) return by_bin;
+  const size_t dp = static_cast<size_t>(dp_size);
+
+  // Candidate 1: best-fit bins sorted by cost, dp consecutive bins per step.
+  std::vector<double> cost(by_bin.size());
+  for (size_t b = 0; b < by_bin.size(); ++b) cost[b] = bin_cost(by_bin[b], costs);
+  std::vector<size_t> order(by_bin.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  Slots slots(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
+  for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
+  polish(slots, lengths, costs, capacity, dp);
+
+  // Candidate 2: steps formed while packing. Kept if its sum of step maxima is lower, it has at
+  // most dp more rows than best fit, and its empty rows (if any) are all in one step.
+  Slots grouped = group_best_fit(lengths, static_cast<int64_t>(costs.size()), costs, capacity, dp_size);
+  if (empty_rows_last(grouped, dp, static_cast<size_t>(bins.num_bins) + dp)) {
+    polish(grouped, lengths, costs, capacity, dp);
+    if (sum_of_step_maxima(grouped, costs, dp) < sum_of_step_maxima(slots, costs, dp)) slots = std::move(grouped);
+  }
   assign_ranks(slots, costs, dp_size);
   return slots;
 }

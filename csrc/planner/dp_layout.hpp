@@ -18,4 +18,9 @@ Slots deal_in_order(const BinAssignment& bins, int64_t dp_size);
 Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
                     const std::vector<double>& costs, int64_t capacity, int64_t dp_size);
 
+// Group-aware best fit decreasing: longest items first, each into the step (group of dp bins) whose
+// largest free space fits it most tightly, and there into the cheapest bin with room. Step-major.
+Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
+                     int64_t dp_size);
+
 }  // namespace packkit
