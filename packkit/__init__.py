@@ -11,9 +11,10 @@ from .packing import (LAYOUTS, PackInfo, PackLayout, pack_layout, pack_on_device
 from .sampler import PackedBatchSampler
 from .streaming import PackedIterableDataset
 from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, Segments, plan
+from .cost_model import transformer_cost
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences", "pack_on_device",
            "pack_layout", "PackLayout", "PackInfo", "LAYOUTS",
            "PackingCollator", "document_causal_block_mask",
-           "PackedBatchSampler", "PackedIterableDataset"]
+           "PackedBatchSampler", "PackedIterableDataset", "transformer_cost"]
 __version__ = "0.1.0"
