@@ -18,7 +18,8 @@ BinAssignment optimized_best_fit(const int64_t* lengths, int64_t n, int64_t capa
   if (!dense_is_cheaper(capacity, n)) return best_fit_decreasing(lengths, n, capacity);
 
   BinAssignment out;
-  out.resize(static_cast<size_t>(n));
+  out.order.resize(static_cast<size_t>(n));
+  out.bin_at.resize(static_cast<size_t>(n));
 
   // Counting sort, longest first, equal lengths in index order. Afterwards the items of length
   // `len` occupy order[first[capacity - len] .. first[capacity - len + 1]).
@@ -41,6 +42,9 @@ BinAssignment optimized_best_fit(const int64_t* lengths, int64_t n, int64_t capa
   // Walk the buckets instead of reading lengths[order[k]]: no random reads in the hot loop.
   for (int64_t key = 0; key < capacity; ++key) {
     const int64_t len = capacity - key;
+    if (first[static_cast<size_t>(key)] == first[static_cast<size_t>(key) + 1]) continue;
+    out.run_end.push_back(first[static_cast<size_t>(key) + 1]);
+    out.run_length.push_back(len);
     for (int64_t k = first[static_cast<size_t>(key)]; k < first[static_cast<size_t>(key) + 1]; ++k) {
       const int64_t f = nonempty.find_next(len);
       int32_t bin;
@@ -61,7 +65,6 @@ BinAssignment optimized_best_fit(const int64_t* lengths, int64_t n, int64_t capa
         head[static_cast<size_t>(new_free)] = bin;
       }
       out.bin_at[static_cast<size_t>(k)] = bin;
-      out.length_at[static_cast<size_t>(k)] = len;
     }
   }
   return out;

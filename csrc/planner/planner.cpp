@@ -45,6 +45,15 @@ void sort_row(PlanResult& plan, int64_t lo, int64_t hi) {
   auto& seq = plan.seg_seq;
   auto& start = plan.seg_start;
   auto& len = plan.seg_length;
+  if (start.empty()) {  // whole sequences: the index alone orders them
+    for (int64_t a = lo + 1; a < hi; ++a) {
+      const int64_t q = seq[a], l = len[a];
+      int64_t b = a;
+      for (; b > lo && seq[b - 1] > q; --b) seq[b] = seq[b - 1], len[b] = len[b - 1];
+      seq[b] = q, len[b] = l;
+    }
+    return;
+  }
   for (int64_t a = lo + 1; a < hi; ++a) {
     const int64_t q = seq[a], s = start[a], l = len[a];
     int64_t b = a;
@@ -64,25 +73,26 @@ void emit_bins(PlanResult& plan, const Items& items, const BinAssignment& bins, 
   const size_t n = bins.order.size();
   plan.bin_offsets.assign(static_cast<size_t>(bins.num_bins) + 1, 0);
   plan.rank_costs.assign(static_cast<size_t>(bins.num_bins), 0.0);
-  for (size_t k = 0; k < n; ++k) {
+  bins.for_each_length([&](size_t k, int64_t len) {
     const size_t b = static_cast<size_t>(bins.bin_at[k]);
     ++plan.bin_offsets[b + 1];
-    plan.rank_costs[b] += custom_costs ? (*custom_costs)[static_cast<size_t>(bins.order[k])] : opts.cost(bins.length_at[k]);
-  }
+    plan.rank_costs[b] += custom_costs ? (*custom_costs)[static_cast<size_t>(bins.order[k])] : opts.cost(len);
+  });
   for (size_t b = 1; b < plan.bin_offsets.size(); ++b) plan.bin_offsets[b] += plan.bin_offsets[b - 1];
 
   plan.seg_seq.resize(n);
-  plan.seg_start.resize(n);
   plan.seg_length.resize(n);
+  const bool starts = !items.identity || opts.fill_identity_starts;
+  if (starts) plan.seg_start.resize(n);
   std::vector<int64_t> cursor(plan.bin_offsets.begin(), plan.bin_offsets.end() - 1);
-  for (size_t k = 0; k < n; ++k) {
+  bins.for_each_length([&](size_t k, int64_t len) {
     const int64_t item = bins.order[k];
     const size_t at = static_cast<size_t>(cursor[static_cast<size_t>(bins.bin_at[k])]++);
     plan.seg_seq[at] = items.seq(item);
-    plan.seg_length[at] = bins.length_at[k];
+    plan.seg_length[at] = len;
     if (!items.identity) plan.seg_start[at] = items.start(item);
-  }
-  if (items.identity) std::fill(plan.seg_start.begin(), plan.seg_start.end(), 0);  // sequential, not scattered
+  });
+  if (items.identity && starts) std::fill(plan.seg_start.begin(), plan.seg_start.end(), 0);  // sequential, not scattered
   for (size_t b = 0; b + 1 < plan.bin_offsets.size(); ++b)
     sort_row(plan, plan.bin_offsets[b], plan.bin_offsets[b + 1]);
 }
