@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <thread>
 
 namespace packkit {
 
@@ -254,6 +255,19 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
   if (dp_size == 1) return by_bin;
   const size_t dp = static_cast<size_t>(dp_size);
 
+  // Candidate 2 (on a second thread when there is enough work): steps formed while packing. Kept
+  // if its sum of step maxima is lower, it has at most dp more rows than best fit, and its empty
+  // rows (if any) are all in one step.
+  Slots grouped;
+  bool grouped_ok = false;
+  auto make_grouped = [&] {
+    grouped = group_best_fit(lengths, static_cast<int64_t>(costs.size()), costs, capacity, dp_size);
+    grouped_ok = empty_rows_last(grouped, dp, static_cast<size_t>(bins.num_bins) + dp);
+    if (grouped_ok) polish(grouped, lengths, costs, capacity, dp);
+  };
+  std::thread worker;
+  if (costs.size() >= 200000 && std::thread::hardware_concurrency() > 1) worker = std::thread(make_grouped);
+
   // Candidate 1: best-fit bins sorted by cost, dp consecutive bins per step.
   std::vector<double> cost(by_bin.size());
   for (size_t b = 0; b < by_bin.size(); ++b) cost[b] = bin_cost(by_bin[b], costs);
@@ -264,13 +278,10 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
   for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
   polish(slots, lengths, costs, capacity, dp);
 
-  // Candidate 2: steps formed while packing. Kept if its sum of step maxima is lower, it has at
-  // most dp more rows than best fit, and its empty rows (if any) are all in one step.
-  Slots grouped = group_best_fit(lengths, static_cast<int64_t>(costs.size()), costs, capacity, dp_size);
-  if (empty_rows_last(grouped, dp, static_cast<size_t>(bins.num_bins) + dp)) {
-    polish(grouped, lengths, costs, capacity, dp);
-    if (sum_of_step_maxima(grouped, costs, dp) < sum_of_step_maxima(slots, costs, dp)) slots = std::move(grouped);
-  }
+  if (worker.joinable()) worker.join();
+  else make_grouped();
+  if (grouped_ok && sum_of_step_maxima(grouped, costs, dp) < sum_of_step_maxima(slots, costs, dp))
+    slots = std::move(grouped);
   assign_ranks(slots, costs, dp_size);
   return slots;
 }

@@ -1,42 +1,69 @@
 // Group-aware best fit: bins are formed in groups of dp (one data-parallel step each) while packing,
 // instead of grouping finished bins. The second candidate layout of ogbfd (see balance_steps).
 #include <algorithm>
-#include <set>
-#include <utility>
 
+#include "capacity_bitmap.hpp"
 #include "dp_layout.hpp"
 #include "packers.hpp"
 
 namespace packkit {
 
+namespace {
+
+// Items longest first, equal lengths in index order (counting sort when the capacity allows).
+Int32Buffer longest_first(const int64_t* lengths, int64_t n, int64_t capacity) {
+  if (capacity > std::max<int64_t>(int64_t{1} << 22, 8 * n)) return decreasing_order(lengths, n);
+  std::vector<int64_t> first(static_cast<size_t>(capacity) + 2, 0);
+  for (int64_t i = 0; i < n; ++i) ++first[static_cast<size_t>(capacity - lengths[i] + 1)];
+  for (size_t key = 1; key < first.size(); ++key) first[key] += first[key - 1];
+  Int32Buffer order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(first[static_cast<size_t>(capacity - lengths[i])]++)] = static_cast<int32_t>(i);
+  return order;
+}
+
+}  // namespace
+
 Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
                      int64_t dp_size) {
   const size_t dp = static_cast<size_t>(dp_size);
-  const Int32Buffer order = decreasing_order(lengths, n);
+  const Int32Buffer order = longest_first(lengths, n, capacity);
   Slots slots;
   std::vector<int64_t> load;
   std::vector<double> cost;
-  // (largest free space among a group's bins, group): longest items first, each goes to the group
-  // whose largest free space fits it most tightly (best fit across steps), and inside that group to
-  // the cheapest bin that fits (least cost first, so a step's bins stay level under the cost model).
-  std::set<std::pair<int64_t, size_t>> open;
+  // Longest items first; each goes to the group whose largest free space fits it most tightly
+  // (best fit across steps), and inside that group to the cheapest bin that fits (least cost
+  // first, so a step's bins stay level under the cost model). Groups with largest free space f
+  // form a stack threaded through next_group; the bitmap holds every f with a non-empty stack.
+  const bool dense = capacity <= std::max<int64_t>(int64_t{1} << 22, 8 * n);
+  std::vector<int64_t> head(dense ? static_cast<size_t>(capacity) + 1 : 0, -1), next_group;
+  CapacityBitmap nonempty(dense ? capacity + 1 : 1);
+  std::vector<std::pair<int64_t, int64_t>> sparse;  // (largest free, group) sorted, when not dense
   for (int64_t k = 0; k < n; ++k) {
     const int64_t item = order[static_cast<size_t>(k)];
     const int64_t len = lengths[item];
-    auto it = open.lower_bound({len, size_t{0}});
-    size_t g;
-    if (it == open.end()) {
-      g = slots.size() / dp;
+    int64_t g = -1;
+    if (dense) {
+      const int64_t f = nonempty.find_next(len);
+      if (f >= 0) {
+        g = head[static_cast<size_t>(f)];
+        head[static_cast<size_t>(f)] = next_group[static_cast<size_t>(g)];
+        if (head[static_cast<size_t>(f)] < 0) nonempty.clear(f);
+      }
+    } else {
+      auto it = std::lower_bound(sparse.begin(), sparse.end(), std::make_pair(len, int64_t{-1}));
+      if (it != sparse.end()) g = it->second, sparse.erase(it);
+    }
+    if (g < 0) {
+      g = static_cast<int64_t>(slots.size() / dp);
       slots.resize(slots.size() + dp);
       load.resize(slots.size(), 0);
       cost.resize(slots.size(), 0.0);
-    } else {
-      g = it->second;
-      open.erase(it);
+      next_group.push_back(-1);
     }
-    size_t best = g * dp;
+    const size_t lo = static_cast<size_t>(g) * dp;
+    size_t best = lo;
     bool have = false;
-    for (size_t r = g * dp; r < (g + 1) * dp; ++r) {
+    for (size_t r = lo; r < lo + dp; ++r) {
       if (capacity - load[r] < len) continue;
       if (!have || cost[r] < cost[best] || (cost[r] == cost[best] && load[r] < load[best])) best = r, have = true;
     }
@@ -44,8 +71,16 @@ Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double
     load[best] += len;
     cost[best] += costs[static_cast<size_t>(item)];
     int64_t most_free = 0;
-    for (size_t r = g * dp; r < (g + 1) * dp; ++r) most_free = std::max(most_free, capacity - load[r]);
-    if (most_free > 0) open.emplace(most_free, g);
+    for (size_t r = lo; r < lo + dp; ++r) most_free = std::max(most_free, capacity - load[r]);
+    if (most_free <= 0) continue;  // full groups are never searched again
+    if (dense) {
+      next_group[static_cast<size_t>(g)] = head[static_cast<size_t>(most_free)];
+      if (head[static_cast<size_t>(most_free)] < 0) nonempty.set(most_free);
+      head[static_cast<size_t>(most_free)] = g;
+    } else {
+      const auto entry = std::make_pair(most_free, g);
+      sparse.insert(std::lower_bound(sparse.begin(), sparse.end(), entry), entry);
+    }
   }
   return slots;
 }

@@ -100,6 +100,9 @@ void emit_bins(PlanResult& plan, const Items& items, const BinAssignment& bins, 
 // Rows from explicit slots (dp layouts), input order inside each row.
 void emit_slots(PlanResult& plan, const Items& items, Slots& slots, const std::vector<double>& costs) {
   plan.bin_offsets.reserve(slots.size() + 1);
+  plan.seg_seq.reserve(static_cast<size_t>(items.count));
+  plan.seg_start.reserve(static_cast<size_t>(items.count));
+  plan.seg_length.reserve(static_cast<size_t>(items.count));
   plan.bin_offsets.push_back(0);
   plan.rank_costs.assign(slots.size(), 0.0);
   for (size_t b = 0; b < slots.size(); ++b) {
