@@ -21,6 +21,7 @@ struct StepState {
   const int64_t* lengths;
   const std::vector<double>& costs;
   int64_t capacity;
+  bool fill_empty = true;  // may a move put an item into an empty row (one more row)?
   std::vector<std::vector<int64_t>*> bins;
   std::vector<double> cost;
   std::vector<int64_t> load;
@@ -90,7 +91,7 @@ struct StepState {
         const int64_t i = bm[pi];
         const double ci = costs[static_cast<size_t>(i)];
         const int64_t li = lengths[i];
-        if (li <= free_t) {  // move i alone
+        if (li <= free_t && (fill_empty || !bt.empty())) {  // move i alone (into an empty row if allowed)
           const double pair_max = std::max(top - ci, cost[t] + ci);
           if (pair_max < best) best = pair_max, best_pi = pi, best_t = t, best_pj = -1;
         }
@@ -132,7 +133,7 @@ double bin_cost(const std::vector<int64_t>& bin, const std::vector<double>& cost
 
 // Gives empty slots of the last step one item each from the costliest bins of other steps, when
 // that strictly lowers the donor step's maximum and does not raise the last step's maximum.
-void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp) {
+void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp, size_t max_fill) {
   const size_t num_steps = slots.size() / static_cast<size_t>(dp);
   if (num_steps < 2) return;
   const size_t last = (num_steps - 1) * static_cast<size_t>(dp);
@@ -142,6 +143,7 @@ void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp) 
     if (slots[k].empty()) empty.push_back(k);
     last_max = std::max(last_max, bin_cost(slots[k], costs));
   }
+  if (empty.size() > max_fill) empty.resize(max_fill);  // each filled slot is one more row
   for (size_t e : empty) {
     // Best donor: the step whose maximum drops the most.
     double best_gain = 0, best_cost = 0;
@@ -216,30 +218,35 @@ double sum_of_step_maxima(const Slots& slots, const std::vector<double>& costs, 
 }
 
 // Improves a step-major layout in place: moves/swaps inside each step, empty rows of the last step
-// filled from other steps.
-void polish(Slots& slots, const int64_t* lengths, const std::vector<double>& costs, int64_t capacity, size_t dp) {
+// filled from other steps (while the layout has at most max_rows non-empty rows).
+void polish(Slots& slots, const int64_t* lengths, const std::vector<double>& costs, int64_t capacity, size_t dp,
+            size_t max_rows) {
+  size_t rows = 0, empty = 0;
+  for (const auto& row : slots) rows += !row.empty(), empty += row.empty();
+  // Only the last step has empty rows; moves may fill them while the row count stays in bounds.
+  const bool may_fill = rows + empty <= max_rows;
   auto refine_step = [&](size_t s) {
     StepState state(lengths, costs, capacity);
+    state.fill_empty = may_fill;
     for (size_t k = s * dp; k < (s + 1) * dp; ++k) state.add(&slots[k]);
     state.refine();
   };
   const size_t num_steps = slots.size() / dp;
   for (size_t s = 0; s < num_steps; ++s) refine_step(s);
-  fill_last_step(slots, costs, static_cast<int64_t>(dp));
+  fill_last_step(slots, costs, static_cast<int64_t>(dp), max_rows > rows ? max_rows - rows : 0);
   if (num_steps > 0) refine_step(num_steps - 1);
 }
 
 // Moves the one step holding empty rows to the end; false if empty rows are in several steps or
-// the layout has more than `max_slots` rows.
-bool empty_rows_last(Slots& slots, size_t dp, size_t max_slots) {
-  if (slots.size() > max_slots) return false;
-  size_t with_empty = slots.size() / dp, count = 0;
+// the layout has more than `max_rows` non-empty rows.
+bool empty_rows_last(Slots& slots, size_t dp, size_t max_rows) {
+  size_t with_empty = slots.size() / dp, count = 0, rows = 0;
   for (size_t s = 0; s * dp < slots.size(); ++s)
-    for (size_t k = s * dp; k < (s + 1) * dp; ++k)
-      if (slots[k].empty()) {
-        if (with_empty != s) ++count, with_empty = s;
-      }
-  if (count > 1) return false;
+    for (size_t k = s * dp; k < (s + 1) * dp; ++k) {
+      if (!slots[k].empty()) ++rows;
+      else if (with_empty != s) ++count, with_empty = s;
+    }
+  if (count > 1 || rows > max_rows) return false;
   if (count == 1 && with_empty + 1 < slots.size() / dp) {
     const size_t last = slots.size() / dp - 1;
     for (size_t r = 0; r < dp; ++r) std::swap(slots[with_empty * dp + r], slots[last * dp + r]);
@@ -256,14 +263,22 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
   const size_t dp = static_cast<size_t>(dp_size);
 
   // Candidate 2 (on a second thread when there is enough work): steps formed while packing. Kept
-  // if its sum of step maxima is lower, it has at most dp more rows than best fit, and its empty
-  // rows (if any) are all in one step.
-  Slots grouped;
-  bool grouped_ok = false;
+  // if its sum of step maxima is lower, it has at most dp more non-empty rows than best fit, and its
+  // empty rows (if any) are all in one step.
+  // Candidate 3, on the same thread: the heavy tail planned first (see heavy_steps_first).
+  Slots grouped, heavy;
+  bool grouped_ok = false, heavy_ok = false;
+  const int64_t n = static_cast<int64_t>(costs.size());
+  const size_t max_rows = static_cast<size_t>(bins.num_bins) + dp;  // non-empty rows allowed
   auto make_grouped = [&] {
-    grouped = group_best_fit(lengths, static_cast<int64_t>(costs.size()), costs, capacity, dp_size);
-    grouped_ok = empty_rows_last(grouped, dp, static_cast<size_t>(bins.num_bins) + dp);
-    if (grouped_ok) polish(grouped, lengths, costs, capacity, dp);
+    grouped = group_best_fit(lengths, n, costs, capacity, dp_size);
+    grouped_ok = empty_rows_last(grouped, dp, max_rows);
+    if (grouped_ok) polish(grouped, lengths, costs, capacity, dp, max_rows);
+    grouped_ok = grouped_ok && empty_rows_last(grouped, dp, max_rows);  // moves may fill empty rows
+    heavy = heavy_steps_first(lengths, n, costs, capacity, dp_size);
+    heavy_ok = !heavy.empty() && empty_rows_last(heavy, dp, max_rows);
+    if (heavy_ok) polish(heavy, lengths, costs, capacity, dp, max_rows);
+    heavy_ok = heavy_ok && empty_rows_last(heavy, dp, max_rows);
   };
   std::thread worker;
   if (costs.size() >= 200000 && std::thread::hardware_concurrency() > 1) worker = std::thread(make_grouped);
@@ -276,12 +291,14 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
   Slots slots(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
   for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
-  polish(slots, lengths, costs, capacity, dp);
+  polish(slots, lengths, costs, capacity, dp, max_rows);
 
   if (worker.joinable()) worker.join();
   else make_grouped();
   if (grouped_ok && sum_of_step_maxima(grouped, costs, dp) < sum_of_step_maxima(slots, costs, dp))
     slots = std::move(grouped);
+  if (heavy_ok && sum_of_step_maxima(heavy, costs, dp) < sum_of_step_maxima(slots, costs, dp))
+    slots = std::move(heavy);
   assign_ranks(slots, costs, dp_size);
   return slots;
 }

@@ -19,8 +19,15 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
                     const std::vector<double>& costs, int64_t capacity, int64_t dp_size);
 
 // Group-aware best fit decreasing: longest items first, each into the step (group of dp bins) whose
-// largest free space fits it most tightly, and there into the cheapest bin with room. Step-major.
+// largest free space fits it most tightly, and there into the cheapest bin with room (with
+// tight_small, items of at most capacity/64 tokens into the fullest bin with room). Step-major.
 Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
-                     int64_t dp_size);
+                     int64_t dp_size, bool tight_small = false);
+
+// The heavy tail first: items longer than capacity/2, sorted, dp per step; each step's leading
+// row takes the shortest items and the others fillers up to the leading row's cost; the rest by
+// group_best_fit. Empty when it does not apply (too few long items, costs not monotone in length).
+Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
+                        int64_t dp_size);
 
 }  // namespace packkit

@@ -10,6 +10,10 @@ namespace packkit {
 
 namespace {
 
+// With tight_small, items of at most capacity/kSmall tokens go to the fullest bin with room: they
+// barely move a bin's cost, and best fit closes gaps (the heavy-first bulk needs the density).
+constexpr int64_t kSmall = 64;
+
 // Items longest first, equal lengths in index order (counting sort when the capacity allows).
 Int32Buffer longest_first(const int64_t* lengths, int64_t n, int64_t capacity) {
   if (capacity > std::max<int64_t>(int64_t{1} << 22, 8 * n)) return decreasing_order(lengths, n);
@@ -24,7 +28,7 @@ Int32Buffer longest_first(const int64_t* lengths, int64_t n, int64_t capacity) {
 }  // namespace
 
 Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
-                     int64_t dp_size) {
+                     int64_t dp_size, bool tight_small) {
   const size_t dp = static_cast<size_t>(dp_size);
   const Int32Buffer order = longest_first(lengths, n, capacity);
   Slots slots;
@@ -65,7 +69,9 @@ Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double
     bool have = false;
     for (size_t r = lo; r < lo + dp; ++r) {
       if (capacity - load[r] < len) continue;
-      if (!have || cost[r] < cost[best] || (cost[r] == cost[best] && load[r] < load[best])) best = r, have = true;
+      const bool better = tight_small && len * kSmall <= capacity ? load[r] > load[best]
+                                       : cost[r] < cost[best] || (cost[r] == cost[best] && load[r] < load[best]);
+      if (!have || better) best = r, have = true;
     }
     slots[best].push_back(item);
     load[best] += len;
