@@ -257,7 +257,8 @@ bool empty_rows_last(Slots& slots, size_t dp, size_t max_rows) {
 }  // namespace
 
 Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
-                    const std::vector<double>& costs, int64_t capacity, int64_t dp_size) {
+                    const std::vector<double>& costs, int64_t capacity, int64_t dp_size,
+                    const CostModel* length_cost) {
   Slots by_bin = group_by_bin(bins);
   if (dp_size == 1) return by_bin;
   const size_t dp = static_cast<size_t>(dp_size);
@@ -271,7 +272,7 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
   const int64_t n = static_cast<int64_t>(costs.size());
   const size_t max_rows = static_cast<size_t>(bins.num_bins) + dp;  // non-empty rows allowed
   auto make_grouped = [&] {
-    grouped = group_best_fit(lengths, n, costs, capacity, dp_size);
+    grouped = group_best_fit(lengths, n, costs, capacity, dp_size, false, length_cost);
     grouped_ok = empty_rows_last(grouped, dp, max_rows);
     if (grouped_ok) polish(grouped, lengths, costs, capacity, dp, max_rows);
     grouped_ok = grouped_ok && empty_rows_last(grouped, dp, max_rows);  // moves may fill empty rows

@@ -138,7 +138,8 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
   } else {
     const std::vector<double> costs = item_costs(items, opts, item_cost_fn);
     Slots slots = opts.algorithm == Algorithm::GroupedBestFit
-                      ? balance_steps(bins, items.length, costs, opts.capacity, opts.dp_size)
+                      ? balance_steps(bins, items.length, costs, opts.capacity, opts.dp_size,
+                                      item_cost_fn ? nullptr : &opts.cost)
                       : deal_in_order(bins, opts.dp_size);
     emit_slots(plan, items, slots, costs);
   }
