@@ -86,7 +86,8 @@ struct StepState {
       auto& bt = *bins[t];
       sorted_t.clear();
       for (size_t q = 0; q < bt.size(); ++q) sorted_t.emplace_back(costs[static_cast<size_t>(bt[q])], static_cast<int64_t>(q));
-      std::sort(sorted_t.begin(), sorted_t.end());
+      const bool scan_all = sorted_t.size() <= 8;  // small rows: try every swap, no sort needed
+      if (!scan_all) std::sort(sorted_t.begin(), sorted_t.end());
       for (size_t pi = 0; pi < bm.size(); ++pi) {
         const int64_t i = bm[pi];
         const double ci = costs[static_cast<size_t>(i)];
@@ -97,10 +98,13 @@ struct StepState {
         }
         // swap with j whose cost is nearest ci - half_gap (that transfer levels the pair)
         const double want = ci - half_gap;
-        auto pos = std::lower_bound(sorted_t.begin(), sorted_t.end(), std::make_pair(want, int64_t{-1}));
-        const ptrdiff_t centre = pos - sorted_t.begin();
-        for (ptrdiff_t k = std::max<ptrdiff_t>(0, centre - 3);
-             k < std::min<ptrdiff_t>(static_cast<ptrdiff_t>(sorted_t.size()), centre + 3); ++k) {
+        ptrdiff_t lo = 0, hi = static_cast<ptrdiff_t>(sorted_t.size());
+        if (!scan_all) {
+          auto pos = std::lower_bound(sorted_t.begin(), sorted_t.end(), std::make_pair(want, int64_t{-1}));
+          const ptrdiff_t centre = pos - sorted_t.begin();
+          lo = std::max<ptrdiff_t>(0, centre - 3), hi = std::min(hi, centre + 3);
+        }
+        for (ptrdiff_t k = lo; k < hi; ++k) {
           const double cj = sorted_t[static_cast<size_t>(k)].first;
           const int64_t pj = sorted_t[static_cast<size_t>(k)].second;
           const int64_t lj = lengths[bt[static_cast<size_t>(pj)]];
@@ -144,6 +148,9 @@ void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp, 
     last_max = std::max(last_max, bin_cost(slots[k], costs));
   }
   if (empty.size() > max_fill) empty.resize(max_fill);  // each filled slot is one more row
+  if (empty.empty()) return;
+  std::vector<double> row_cost(last);  // bins of the other steps, computed once
+  for (size_t k = 0; k < last; ++k) row_cost[k] = bin_cost(slots[k], costs);
   for (size_t e : empty) {
     // Best donor: the step whose maximum drops the most.
     double best_gain = 0, best_cost = 0;
@@ -152,7 +159,7 @@ void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp, 
       double top = -1, second = 0;
       size_t m = 0;
       for (size_t k = s * static_cast<size_t>(dp); k < (s + 1) * static_cast<size_t>(dp); ++k) {
-        const double c = bin_cost(slots[k], costs);
+        const double c = row_cost[k];
         if (c > top) second = std::max(second, top), top = c, m = k;
         else second = std::max(second, c);
       }
@@ -168,6 +175,7 @@ void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp, 
     }
     if (best_gain <= 0) break;
     auto& donor = slots[best_bin];
+    row_cost[best_bin] -= best_cost;
     slots[e].push_back(donor[best_pos]);
     donor[best_pos] = donor.back();
     donor.pop_back();
