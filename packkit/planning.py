@@ -294,8 +294,8 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
         lengths: list, tuple, numpy array or 1-D integer tensor of non-negative lengths.
         capacity: tokens per row (> 0).
         algorithm: ``nf`` (next fit, input order), ``ffd``, ``bfd``, ``obfd`` (counting sort +
-            bitmap best fit; default) or ``ogbfd`` (obfd bins grouped into data-parallel steps and
-            balanced under ``cost``).
+            bitmap best fit; default) or ``ogbfd`` (data-parallel steps balanced under ``cost``: the
+            best of three step layouts, each with at most obfd's rows + ``dp_size`` non-empty rows).
         dp_size: data-parallel ranks. Bins are laid out step-major (bin ``s*dp_size + r`` goes to
             rank ``r`` at step ``s``), every step has ``dp_size`` bins, the last padded with empty
             bins. Only ``ogbfd`` balances; other algorithms deal their bins in order.
