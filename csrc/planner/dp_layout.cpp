@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <exception>
 #include <thread>
 
 namespace packkit {
@@ -289,8 +290,16 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
     if (heavy_ok) polish(heavy, lengths, costs, capacity, dp, max_rows);
     heavy_ok = heavy_ok && empty_rows_last(heavy, dp, max_rows);
   };
+  std::exception_ptr failed;  // an exception must not escape a thread (std::terminate): rethrown here
   std::thread worker;
-  if (costs.size() >= 200000 && std::thread::hardware_concurrency() > 1) worker = std::thread(make_grouped);
+  if (costs.size() >= 200000 && std::thread::hardware_concurrency() > 1)
+    worker = std::thread([&] {
+      try {
+        make_grouped();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    });
 
   // Candidate 1: best-fit bins sorted by cost, dp consecutive bins per step.
   std::vector<double> cost(by_bin.size());
@@ -300,10 +309,15 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
   Slots slots(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
   for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
-  polish(slots, lengths, costs, capacity, dp, max_rows);
-
+  try {
+    polish(slots, lengths, costs, capacity, dp, max_rows);
+  } catch (...) {
+    if (worker.joinable()) worker.join();
+    throw;
+  }
   if (worker.joinable()) worker.join();
   else make_grouped();
+  if (failed) std::rethrow_exception(failed);
   if (grouped_ok && sum_of_step_maxima(grouped, costs, dp) < sum_of_step_maxima(slots, costs, dp))
     slots = std::move(grouped);
   if (heavy_ok && sum_of_step_maxima(heavy, costs, dp) < sum_of_step_maxima(slots, costs, dp))
