@@ -112,6 +112,7 @@ struct BinAssignment {
   Int32Buffer order, bin_at;
   Int64Buffer length_at;
   std::vector<int64_t> run_end, run_length;
+  std::vector<int32_t> bin_size;  // items per bin, when the packer counted them (obfd); else empty
   int64_t num_bins = 0;
   void resize(size_t n) {
     order.resize(n);
