@@ -8,13 +8,18 @@ Run from the repository root::
 
 Inputs (fixed seeds): (a) 1M uniform [1, 4096], capacity 16384; (b) ~100k lognormal
 (median 864, sigma 0.932, lengths > 20000 dropped), capacity 20000; (c) 10k uniform [1, 4096],
-capacity 4096. Times are the median of the repeats (``gc.collect()`` before each); inputs in
+capacity 4096; (d) 100k uniform [1, 8192], capacity 16384; (e) 100k bimodal (80% uniform [50, 600),
+20% uniform [6000, 16000)), capacity 16384; (f) 10M uniform [1, 4096], capacity 16384 (speed only:
+obfd and ogbfd against lightbinpack, and obfd at 1M..10M for linearity). Times are the median of the repeats (``gc.collect()`` before each); inputs in
 list/tensor form are built before timing. ``bins`` counts non-empty bins and ``efficiency`` is
 ``sum(lengths) / (bins * capacity)``. ``dup/missing`` counts extra occurrences / absent input
 indices in a system's output (binpacking returns values, not indices: its output is checked as a
-multiset instead). On (b) the grouped (``ogbfd``, dp=8) rows report, with one helper for every
+multiset instead). On every input but (f) the grouped (``ogbfd``, dp=8) rows report, with one helper for every
 system, per-step balance (sum over steps of max rank cost / sum over steps of mean rank cost) and
-epoch rank balance (max / mean of each rank's total cost) under attention (sum len^2) and token cost.
+epoch rank balance (max / mean of each rank's total cost) under attention (sum len^2), token cost and
+a model cost (``packkit.transformer_cost`` of Llama-3-8B: a*len + b*len^2), and packkit's certified
+lower bound on per-step balance for attention and model cost. The machine is shared: the 1-minute
+load average is recorded before and after each input; compare ratios from the same run.
 Results go to ``benchmarks/results/plan_cpu.json`` (``--out`` overrides).
 """
 from __future__ import annotations
@@ -35,6 +40,8 @@ import torch
 
 import packkit
 
+import _results  # benchmarks/_results.py: machine info and where results go
+
 try:
     import lightbinpack
 except ImportError:
@@ -47,6 +54,8 @@ except ImportError:
     print("binpacking not importable: skipping its rows")
 
 DP = 8
+LLAMA3_8B = packkit.transformer_cost(hidden_size=4096, num_layers=32, intermediate_size=14336, num_heads=32,
+                                     num_kv_heads=8, vocab_size=128256)
 LBP_OBFD = "lightbinpack obfd (list)"
 PK_OBFD = "packkit obfd (numpy)"
 PK_OBFD_TENSOR = "packkit obfd (tensor)"
@@ -62,7 +71,13 @@ def attention_cost(lens: np.ndarray) -> float:
     return float((lens * lens).sum())
 
 
-COSTS = {"tokens": tokens_cost, "attention": attention_cost}
+def model_cost(lens: np.ndarray) -> float:
+    lens = lens.astype(np.float64)
+    return float((LLAMA3_8B[0] * lens + LLAMA3_8B[1] * lens * lens).sum())
+
+
+COSTS = {"tokens": tokens_cost, "attention": attention_cost, "model": model_cost}
+PLAN_COSTS = {"tokens": "tokens", "attention": "attention", "model": LLAMA3_8B}
 
 
 def make_inputs(quick: bool) -> list[dict]:
@@ -73,10 +88,17 @@ def make_inputs(quick: bool) -> list[dict]:
     b = np.maximum(b, 1)
     b = b[b <= 20000]
     c = np.random.default_rng(2).integers(1, 4097, 10_000).astype(np.int64)
+    d = np.random.default_rng(3).integers(1, 8193, 100_000).astype(np.int64)
+    rng = np.random.default_rng(4)
+    e = np.where(rng.random(100_000) < 0.8, rng.integers(50, 600, 100_000),
+                 rng.integers(6000, 16000, 100_000)).astype(np.int64)
     return [
         {"name": "a", "desc": f"{n_a:,} uniform [1,4096], cap 16384", "lengths": a, "capacity": 16384},
         {"name": "b", "desc": f"{len(b):,} lognormal (<=20000), cap 20000", "lengths": b, "capacity": 20000},
         {"name": "c", "desc": "10,000 uniform [1,4096], cap 4096", "lengths": c, "capacity": 4096},
+        {"name": "d", "desc": "100,000 uniform [1,8192], cap 16384", "lengths": d, "capacity": 16384},
+        {"name": "e", "desc": "100,000 bimodal (80% [50,600), 20% [6000,16000)), cap 16384", "lengths": e,
+         "capacity": 16384},
     ]
 
 
@@ -113,11 +135,12 @@ def systems(inp: dict) -> list[tuple[str, object, int]]:
         rows.append((LBP_OBFD, lambda: lightbinpack.obfd(lst, cap), 0))
     if binpacking is not None and inp["name"] == "c":  # pure Python, O(n * bins): minutes on (a) and (b)
         rows.append(("binpacking ffd (list)", lambda: binpacking.to_constant_volume(lst, cap), 1))
-    if inp["name"] == "b":
-        rows += [(f"packkit ogbfd dp8 {c}", lambda c=c: packkit.plan(arr, cap, algorithm="ogbfd", dp_size=DP, cost=c), 0)
-                 for c in ("tokens", "attention")]
-        if lightbinpack is not None:
-            rows.append((LBP_OGBFD, lambda: lightbinpack.ogbfd(lst, cap, bins_per_group=DP), 0))
+    big = len(arr) > 200_000  # (a): fewer repeats for the slow grouped rows
+    rows += [(f"packkit ogbfd dp8 {c}", lambda c=c: packkit.plan(arr, cap, algorithm="ogbfd", dp_size=DP,
+                                                                   cost=PLAN_COSTS[c]), 2 if big else 0)
+             for c in ("tokens", "attention", "model")]
+    if lightbinpack is not None:
+        rows.append((LBP_OGBFD, lambda: lightbinpack.ogbfd(lst, cap, bins_per_group=DP), 2 if big else 0))
     return rows
 
 
@@ -169,6 +192,8 @@ def evaluate(name: str, out, inp: dict) -> dict:
                 c = name.rsplit(" ", 1)[1]
                 for mine, theirs in ((row[f"{c}_step_balance"], out.balance), (row[f"{c}_rank_balance"], out.rank_balance)):
                     assert abs(mine - theirs) <= 1e-9 * abs(theirs), (name, mine, theirs)
+                row["balance_lower_bound"] = out.balance_lower_bound
+                row["obfd_rows"] = packkit.plan(lengths, cap).num_bins
     row["lower_bound"] = -(-total // cap)
     row["efficiency"] = total / (row["bins"] * cap)
     return row
@@ -176,14 +201,63 @@ def evaluate(name: str, out, inp: dict) -> dict:
 
 def run_input(inp: dict, repeats: int) -> list[dict]:
     rows = []
+    load_before = os.getloadavg()[0]
     for name, fn, reps in systems(inp):
         ms, out = median_ms(fn, reps or repeats)
         rows.append({"system": name, "time_ms": ms, "repeats": reps or repeats, **evaluate(name, out, inp)})
         del out
     lbp = next((r["time_ms"] for r in rows if r["system"] == LBP_OBFD), None)
+    lbp_og = next((r["time_ms"] for r in rows if r["system"] == LBP_OGBFD), None)
     for r in rows:
-        r["vs_lightbinpack"] = lbp / r["time_ms"] if lbp else None
+        ref = lbp_og if "ogbfd" in r["system"] else lbp
+        r["vs_lightbinpack"] = ref / r["time_ms"] if ref else None
+        r["load_1min"] = [load_before, os.getloadavg()[0]]
     return rows
+
+
+def run_speed(quick: bool, repeats: int) -> dict:
+    """(f): obfd and ogbfd on 10M uniform [1,4096] (cap 16384) against lightbinpack, and obfd's
+    time per item at 1M..10M (linearity)."""
+    n = 1_000_000 if quick else 10_000_000
+    cap = 16384
+    lengths = np.random.default_rng(5).integers(1, 4097, n).astype(np.int64)
+    out = {"n": n, "capacity": cap, "load_1min_before": os.getloadavg()[0], "rows": []}
+    plan_ms, plan = median_ms(lambda: packkit.plan(lengths, cap), repeats)
+    out["rows"].append({"system": PK_OBFD, "time_ms": plan_ms, "bins": plan.num_bins})
+    del plan
+    og_ms, og = median_ms(lambda: packkit.plan(lengths, cap, algorithm="ogbfd", dp_size=DP, cost="attention"), 1)
+    out["rows"].append({"system": PK_OGBFD_ATTN, "time_ms": og_ms, "bins": og.num_bins,
+                        "attention_step_balance": og.balance})
+    del og
+    if lightbinpack is not None:
+        lst = lengths.tolist()
+        ms, res = median_ms(lambda: lightbinpack.obfd(lst, cap), repeats)
+        out["rows"].append({"system": LBP_OBFD, "time_ms": ms, "bins": len(res)})
+        del res
+        ms, res = median_ms(lambda: lightbinpack.ogbfd(lst, cap, bins_per_group=DP), 1)
+        bins = to_bins(res, DP)
+        out["rows"].append({"system": LBP_OGBFD, "time_ms": ms, "bins": sum(len(b) > 0 for b in bins),
+                            "attention_step_balance": balance_stats(bins, DP, lengths, attention_cost)[0]})
+        del res, bins, lst
+    out["linearity"] = []
+    for m in ([n // 10, n // 4, n // 2, n] if not quick else [n // 4, n]):
+        ms, p = median_ms(lambda m=m: packkit.plan(lengths[:m], cap), repeats)
+        out["linearity"].append({"n": m, "time_ms": ms, "ns_per_item": ms * 1e6 / m})
+        del p
+    out["load_1min_after"] = os.getloadavg()[0]
+    return out
+
+
+def print_speed(speed: dict) -> None:
+    print(f"\n### (f) {speed['n']:,} uniform [1,4096], cap {speed['capacity']} (load {speed['load_1min_before']:.1f} -> "
+          f"{speed['load_1min_after']:.1f} on {os.cpu_count()} CPUs)\n")
+    print("| system | time_ms | bins | attention_step_balance |")
+    print("|---|---|---|---|")
+    for r in speed["rows"]:
+        b = r.get("attention_step_balance")
+        print(f"| {r['system']} | {r['time_ms']:.1f} | {r['bins']} | {'-' if b is None else format(b, '.6f')} |")
+    print("\nobfd linearity: " + ", ".join(f"{r['n']:,}: {r['time_ms']:.1f} ms ({r['ns_per_item']:.1f} ns/item)"
+                                         for r in speed["linearity"]))
 
 
 def fmt(v) -> str:
@@ -197,7 +271,8 @@ def fmt(v) -> str:
 def print_table(inp: dict, rows: list[dict]) -> None:
     cols = ["system", "time_ms", "vs_lightbinpack", "bins", "lower_bound", "efficiency", "dup/missing"]
     if any("steps" in r for r in rows):
-        cols += ["steps", "attention_step_balance", "attention_rank_balance", "tokens_step_balance", "tokens_rank_balance"]
+        cols += ["steps", "attention_step_balance", "model_step_balance", "tokens_step_balance",
+                 "attention_rank_balance", "balance_lower_bound"]
     print(f"\n### ({inp['name']}) {inp['desc']}\n")
     print("| " + " | ".join(cols) + " |")
     print("|" + "|".join("---" for _ in cols) + "|")
@@ -208,6 +283,8 @@ def print_table(inp: dict, rows: list[dict]) -> None:
                 cells.append("-" if r["duplicates"] is None else f"{r['duplicates']}/{r['missing']}")
             elif c == "time_ms":
                 cells.append(f"{r['time_ms']:.2f}")
+            elif "balance" in c:
+                cells.append("-" if r.get(c) is None else f"{r[c]:.6f}")
             elif c == "vs_lightbinpack":
                 cells.append("-" if r[c] is None else f"{r[c]:.3g}x")
             else:
@@ -220,7 +297,7 @@ def print_table(inp: dict, rows: list[dict]) -> None:
             print(f"WARNING: {r['system']} output is invalid: {r}")
 
 
-def targets(results: dict[str, list[dict]]) -> list[dict]:
+def targets(results: dict[str, list[dict]], speed_run: dict | None = None) -> list[dict]:
     def row(inp, system):
         return next((r for r in results[inp] if r["system"] == system), None)
 
@@ -245,26 +322,51 @@ def targets(results: dict[str, list[dict]]) -> list[dict]:
             f"{pk['bins']} vs {'-' if lbp is None else lbp['bins']} (lower bound {pk['lower_bound']})")
     pk, lbp = row("b", PK_OGBFD_ATTN), row("b", LBP_OGBFD)
     rb, sb = pk["attention_rank_balance"], pk["attention_step_balance"]
-    lrb, lsb = ("-", "-") if lbp is None else (f"{lbp['attention_rank_balance']:.6f}", f"{lbp['attention_step_balance']:.6f}")
+    lrb = "-" if lbp is None else f"{lbp['attention_rank_balance']:.6f}"
     ok = None if lbp is None else rb <= 1.003 and rb <= lbp["attention_rank_balance"]
     add("(3) (b) packkit ogbfd dp8 attention: epoch rank balance (attention) <= 1.003 and <= lightbinpack ogbfd", ok,
-        f"rank balance {rb:.6f} vs lightbinpack {lrb}; per-step balance (info) {sb:.6f} vs {lsb}")
+        f"rank balance {rb:.6f} vs lightbinpack {lrb}")
+    add("(4) (b) packkit ogbfd dp8 attention: per-step balance <= 1.0015", sb <= 1.0015,
+        f"{sb:.6f} (certified lower bound {pk['balance_lower_bound']:.6f}; lightbinpack "
+        f"{'-' if lbp is None else format(lbp['attention_step_balance'], '.6f')})")
+    for name in results:
+        for c in ("attention", "model", "tokens"):
+            pk, lbp = row(name, f"packkit ogbfd dp8 {c}"), row(name, LBP_OGBFD)
+            mine = pk[f"{c}_step_balance"]
+            theirs = None if lbp is None else lbp[f"{c}_step_balance"]
+            add(f"(5) ({name}) packkit ogbfd dp8 {c}: per-step balance ({c}) <= lightbinpack ogbfd's",
+                None if lbp is None else mine <= theirs,
+                f"{mine:.6f} vs {'-' if theirs is None else format(theirs, '.6f')}")
+        pk = row(name, PK_OGBFD_ATTN)
+        add(f"(6) ({name}) ogbfd rows <= obfd rows + dp", pk["bins"] <= pk["obfd_rows"] + DP,
+            f"{pk['bins']} vs obfd {pk['obfd_rows']}; duplicates/missing {pk['duplicates']}/{pk['missing']}")
+    if speed_run:
+        r = {x["system"]: x for x in speed_run["rows"]}
+        ob = r[PK_OBFD]["time_ms"]
+        add(f"(7) (f) packkit obfd (numpy) on {speed_run['n']:,} <= 250 ms", ob <= 250, f"{ob:.1f} ms")
+        if LBP_OGBFD in r:
+            og, lo = r[PK_OGBFD_ATTN]["time_ms"], r[LBP_OGBFD]["time_ms"]
+            add("(8) (f) packkit ogbfd dp8 no slower than lightbinpack ogbfd", og <= lo, f"{og:.0f} ms vs {lo:.0f} ms")
+        lin = speed_run["linearity"]
+        spread = max(x["ns_per_item"] for x in lin) / min(x["ns_per_item"] for x in lin)
+        add("(9) (f) obfd linear in n: ns/item within 1.5x from n/10 to n", spread <= 1.5,
+            ", ".join(f"{x['ns_per_item']:.1f}" for x in lin) + " ns/item")
     return out
 
 
 def machine_info() -> dict:
-    return {"processor": platform.processor(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-            "python": sys.version.split()[0], "numpy": np.__version__, "torch": torch.__version__,
-            "packkit": getattr(packkit, "__version__", None),
-            "lightbinpack": getattr(lightbinpack, "__version__", None) if lightbinpack else None,
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    return _results.machine_info(numpy=np.__version__, packkit=getattr(packkit, "__version__", None),
+                                 lightbinpack=getattr(lightbinpack, "__version__", None) if lightbinpack else None,
+                                 load_1min=os.getloadavg()[0])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per system (default 5, 2 with --quick)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 repeats, input (a) shrunk to 200k")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "plan_cpu.json")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/plan_cpu.json; "
+                        "--quick runs write only with --out)")
+    parser.add_argument("--no-speed", action="store_true", help="skip input (f), the 10M speed runs")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
 
@@ -276,18 +378,19 @@ def main() -> None:
         results[inp["name"]] = run_input(inp, repeats)
         print_table(inp, results[inp["name"]])
 
-    tgt = targets(results)
+    speed = None if args.no_speed else run_speed(args.quick, repeats)
+    if speed:
+        print_speed(speed)
+    tgt = targets(results, speed)
     print("\n### Targets\n")
     for t in tgt:
         print(f"{t['status']}  {t['target']}: {t['detail']}")
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"machine": info, "repeats": repeats, "quick": args.quick,
            "inputs": [{"name": i["name"], "desc": i["desc"], "n": len(i["lengths"]), "capacity": i["capacity"],
                        "tokens": int(i["lengths"].sum())} for i in inputs],
-           "rows": results, "targets": tgt}
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+           "rows": results, "speed": speed, "targets": tgt}
+    _results.write_results(doc, "plan_cpu.json", args.out, args.quick)
 
 
 if __name__ == "__main__":

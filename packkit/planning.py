@@ -15,6 +15,7 @@ from typing import Callable, NamedTuple, Sequence, Union
 import numpy as np
 
 from . import _planner
+from .balance_bound import step_balance_lower_bound
 
 ALGORITHMS = ("nf", "ffd", "bfd", "obfd", "ogbfd")
 OVERLONG_POLICIES = ("error", "drop", "truncate", "split")
@@ -48,10 +49,14 @@ class Plan:
         balance: ``sum over steps of max rank cost / sum over steps of mean rank cost`` (>= 1; the
             time a synchronous step waits for its slowest rank, relative to perfect balance).
         rank_balance: ``max / mean`` of each rank's total cost over all steps (>= 1).
+        balance_lower_bound: no plan of the same items into at most ``num_steps`` steps has a lower
+            ``balance`` (certified; see :mod:`packkit.balance_bound`). None for callable costs.
     """
 
-    def __init__(self, raw: dict, *, capacity: int, algorithm: str, overlong: str, dp_size: int, num_sequences: int):
+    def __init__(self, raw: dict, *, capacity: int, algorithm: str, overlong: str, dp_size: int, num_sequences: int,
+                 cost_ab: tuple | None = (1.0, 0.0)):
         self.capacity = capacity
+        self.cost_ab = cost_ab  # (a, b) of the cost model, None for a callable
         self.algorithm = algorithm
         self.overlong = overlong
         self.dp_size = dp_size
@@ -153,6 +158,15 @@ class Plan:
         totals = self.rank_costs.sum(axis=0)
         return float(totals.max() / totals.mean()) if self.num_steps and totals.mean() > 0 else 1.0
 
+    @cached_property
+    def balance_lower_bound(self) -> float | None:
+        """Certified lower bound on :attr:`balance` over every plan of these items with at most
+        :attr:`num_steps` steps (so ``balance / balance_lower_bound`` is the most left to gain)."""
+        if self.cost_ab is None:
+            return None
+        return step_balance_lower_bound(self.segments.length, self.capacity, self.dp_size, self.num_steps,
+                                        *self.cost_ab)
+
     def rank_bins(self, rank: int) -> list[np.ndarray]:
         """Rank ``rank``'s rows, one per step, in step order."""
         if not 0 <= rank < self.dp_size:
@@ -176,7 +190,8 @@ class Plan:
             "zero_length": len(self.zero_length), "empty_bins": self.empty_bins,
         }
         if self.dp_size > 1:
-            out.update(steps=self.num_steps, balance=self.balance, rank_balance=self.rank_balance)
+            out.update(steps=self.num_steps, balance=self.balance, rank_balance=self.rank_balance,
+                       balance_lower_bound=self.balance_lower_bound)
         return out
 
     def __repr__(self) -> str:
@@ -247,6 +262,10 @@ def _cost_model(cost: CostSpec):
         if cost == "attention":
             return 0.0, 1.0, None
         raise ValueError(f"unknown cost {cost!r}; allowed: 'tokens', 'attention', (a, b) or a callable")
+    if hasattr(cost, "hidden_size") or hasattr(cost, "text_config"):  # a transformers config
+        from .cost_model import transformer_cost
+
+        return (*transformer_cost(cost), None)
     if callable(cost):
         def item_costs(item_lengths: np.ndarray) -> np.ndarray:
             values = np.asarray(cost(item_lengths), dtype=np.float64)
@@ -275,14 +294,16 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
         lengths: list, tuple, numpy array or 1-D integer tensor of non-negative lengths.
         capacity: tokens per row (> 0).
         algorithm: ``nf`` (next fit, input order), ``ffd``, ``bfd``, ``obfd`` (counting sort +
-            bitmap best fit; default) or ``ogbfd`` (obfd bins grouped into data-parallel steps and
-            balanced under ``cost``).
+            bitmap best fit; default) or ``ogbfd`` (data-parallel steps balanced under ``cost``: the
+            best of three step layouts, each with at most obfd's rows + ``dp_size`` non-empty rows).
         dp_size: data-parallel ranks. Bins are laid out step-major (bin ``s*dp_size + r`` goes to
             rank ``r`` at step ``s``), every step has ``dp_size`` bins, the last padded with empty
             bins. Only ``ogbfd`` balances; other algorithms deal their bins in order.
         cost: ``"tokens"`` (sum of lengths), ``"attention"`` (sum of len**2, document-masked
-            attention), a pair ``(a, b)`` for ``a*len + b*len**2``, or a callable mapping an int64
-            array of item lengths to non-negative costs.
+            attention), a pair ``(a, b)`` for ``a*len + b*len**2`` (e.g. from
+            :func:`packkit.transformer_cost`), a transformers model config (its
+            ``transformer_cost``), or a callable mapping an int64 array of item lengths to
+            non-negative costs.
         overlong: what to do with sequences longer than ``capacity``: ``"error"`` (ValueError
             naming how many and the first), ``"drop"``, ``"truncate"`` (keep the first ``capacity``
             tokens) or ``"split"`` (consecutive pieces packed as separate items). All reported.
@@ -297,4 +318,4 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
     a, b, cost_fn = _cost_model(cost)
     raw = _planner.plan(array, capacity, algorithm, overlong, dp_size, a, b, cost_fn)
     return Plan(raw, capacity=capacity, algorithm=algorithm, overlong=overlong, dp_size=dp_size,
-                num_sequences=len(array))
+                num_sequences=len(array), cost_ab=None if cost_fn is not None else (a, b))

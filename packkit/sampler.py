@@ -61,18 +61,46 @@ class _Epoch:
     """Everything derived from (lengths, config, epoch); identical on every rank."""
 
     def __init__(self, epoch: int, permutation: np.ndarray, plan: Plan, step_order: np.ndarray,
-                 dropped_last: np.ndarray):
+                 dropped_last: np.ndarray, world_size: int, rows_per_step: int):
         self.epoch = epoch
         self.permutation = permutation  # position in the planned order -> dataset index
         self.plan = plan  # indices in plan.bins are positions in ``permutation``
         self.step_order = step_order  # yielded step k is plan step step_order[k]
         self.dropped_last = dropped_last
-        self.rank_costs = plan.rank_costs[step_order]  # [steps, world_size], yielded order
+        self.rows_per_step = rows_per_step
+        # rank_rows[s, r, j]: position (in its plan step) of rank r's j-th row at plan step s
+        self.rank_rows = _deal_rows(plan.rank_costs, world_size, rows_per_step)
+        per_rank = np.take_along_axis(plan.rank_costs, self.rank_rows.reshape(plan.num_steps, world_size * rows_per_step), axis=1)
+        self.rank_costs = per_rank.reshape(plan.num_steps, world_size, rows_per_step).sum(axis=2)[step_order]
 
-    def row(self, step: int, rank: int) -> list[int]:
-        """Dataset indices of ``rank``'s row at yielded step ``step``."""
-        b = int(self.step_order[step]) * self.plan.dp_size + rank
+    def num_items(self) -> int:
+        return len(self.step_order) * self.rows_per_step
+
+    def row(self, item: int, rank: int) -> list[int]:
+        """Dataset indices of ``rank``'s ``item``-th yielded row (row ``item % k`` of step ``item // k``)."""
+        step, j = divmod(item, self.rows_per_step)
+        plan_step = int(self.step_order[step])
+        b = plan_step * self.plan.dp_size + int(self.rank_rows[plan_step, rank, j])
         return self.permutation[self.plan.bins[b]].tolist()
+
+
+def _deal_rows(row_costs: np.ndarray, world_size: int, k: int) -> np.ndarray:
+    """[steps, world_size, k] row positions: each step's world_size*k rows dealt k per rank, costliest
+    row first to the rank with the least cost so far in the step (LPT), so ranks' sums are level."""
+    steps = row_costs.shape[0]
+    if k == 1:  # the planner already placed one row per rank, levelling per-rank totals over steps
+        return np.broadcast_to(np.arange(world_size)[None, :, None], (steps, world_size, 1))
+    out = np.empty((steps, world_size, k), dtype=np.int64)
+    for s in range(steps):
+        sums = np.zeros(world_size)
+        filled = np.zeros(world_size, dtype=np.int64)
+        for pos in np.argsort(-row_costs[s], kind="stable"):
+            open_ranks = np.flatnonzero(filled < k)
+            r = open_ranks[np.argmin(sums[open_ranks])]
+            out[s, r, filled[r]] = pos
+            filled[r] += 1
+            sums[r] += row_costs[s, pos]
+    return out
 
 
 class PackedBatchSampler(Sampler[list[int]]):
@@ -103,6 +131,13 @@ class PackedBatchSampler(Sampler[list[int]]):
             ``capacity`` tokens; the collator must truncate them, e.g.
             ``PackingCollator(capacity, overlong="truncate")``; :attr:`truncated`). ``"split"`` is
             refused: a sampler yields whole samples.
+        rows_per_step: rows each rank gets per optimizer step (gradient accumulation). The epoch is
+            planned with ``world_size * rows_per_step`` rows per step and each step's rows are dealt
+            ``rows_per_step`` to a rank so that the ranks' *sums* are level (costliest row first to
+            the rank with the least so far). One yielded item is still one row: a rank yields its
+            ``k`` rows of a step one after another, so ``DataLoader(batch_sampler=sampler)`` gives
+            ``k`` micro-batches per optimizer step, as HF ``Trainer(gradient_accumulation_steps=k)``
+            and torchtune expect. ``len(sampler) = num_steps * k``; ``drop_last`` drops a whole step.
 
     Zero-length samples hold no tokens, are planned into no row and are never yielded
     (:attr:`zero_length`).
@@ -110,7 +145,8 @@ class PackedBatchSampler(Sampler[list[int]]):
 
     def __init__(self, lengths, capacity: int, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  group=None, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-                 algorithm: str = "ogbfd", cost: CostSpec = "attention", overlong: str = "error"):
+                 algorithm: str = "ogbfd", cost: CostSpec = "attention", overlong: str = "error",
+                 rows_per_step: int = 1):
         self.lengths = as_lengths(lengths).copy()
         self.lengths.flags.writeable = False
         if (self.lengths < 0).any():
@@ -136,8 +172,12 @@ class PackedBatchSampler(Sampler[list[int]]):
         if overlong not in SAMPLER_OVERLONG:
             raise ValueError(f"unknown overlong policy {overlong!r}; allowed: {', '.join(SAMPLER_OVERLONG)}")
         self.overlong = overlong
-        _cost_model(cost)  # validates now rather than at the first plan
-        self.cost = cost
+        a, b, cost_fn = _cost_model(cost)  # validates now rather than at the first plan
+        # a transformers config becomes its (a, b), so the state fingerprint names the numbers
+        self.cost = (a, b) if cost_fn is None and not isinstance(cost, (str, tuple, list)) else cost
+        self.rows_per_step = _int_arg(rows_per_step, "rows_per_step")
+        if self.rows_per_step < 1:
+            raise ValueError(f"rows_per_step must be >= 1, got {self.rows_per_step}")
         over = np.flatnonzero(self.lengths > self.capacity)
         if overlong == "error" and len(over):
             i = int(over[0])
@@ -234,7 +274,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         rng = np.random.default_rng((self.seed, self.epoch))
         permutation = rng.permutation(n).astype(np.int64) if self.shuffle else np.arange(n, dtype=np.int64)
         plan = make_plan(self.lengths[permutation], self.capacity, algorithm=self.algorithm,
-                         dp_size=self.world_size, cost=self.cost, overlong=self.overlong)
+                         dp_size=self.world_size * self.rows_per_step, cost=self.cost, overlong=self.overlong)
         steps = plan.num_steps
         # The planner puts empty rows only in its last step; that step stays last.
         incomplete = steps > 0 and plan.empty_bins > 0
@@ -243,16 +283,18 @@ class PackedBatchSampler(Sampler[list[int]]):
         dropped_last = np.zeros(0, np.int64)
         if incomplete:
             if self.drop_last:
-                last = plan.segments.seq_index[plan.segments.bin_offsets[full * self.world_size]:]
+                last = plan.segments.seq_index[plan.segments.bin_offsets[full * plan.dp_size]:]
                 dropped_last = np.sort(permutation[last])
             else:
                 order = np.append(order, full)
-        self._epoch_data = _Epoch(self.epoch, permutation, plan, order, dropped_last)
+        self._epoch_data = _Epoch(self.epoch, permutation, plan, order, dropped_last, self.world_size,
+                                  self.rows_per_step)
         return self._epoch_data
 
     def __len__(self) -> int:
-        """Steps (rows per rank) in the current epoch; the same on every rank."""
-        return len(self._data().step_order)
+        """Items (rows) this rank yields in the current epoch: ``num_steps * rows_per_step``; the same
+        on every rank."""
+        return self._data().num_items()
 
     def __iter__(self) -> Iterator[list[int]]:
         data = self._data()
@@ -262,9 +304,9 @@ class PackedBatchSampler(Sampler[list[int]]):
         return self._rows(data, start)
 
     def _rows(self, data: _Epoch, start: int) -> Iterator[list[int]]:
-        for step in range(start, len(data.step_order)):
-            self._steps_done = step + 1  # counted when handed out, so state_dict() includes this row
-            yield data.row(step, self.rank)
+        for item in range(start, data.num_items()):
+            self._steps_done = item + 1  # counted when handed out, so state_dict() includes this row
+            yield data.row(item, self.rank)
 
     def batches(self, rank: Optional[int] = None) -> list[list[int]]:
         """All of ``rank``'s rows (default this rank) for the current epoch, in yielded order."""
@@ -272,12 +314,13 @@ class PackedBatchSampler(Sampler[list[int]]):
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
         data = self._data()
-        return [data.row(step, rank) for step in range(len(data.step_order))]
+        return [data.row(item, rank) for item in range(data.num_items())]
 
     # -- plan figures ----------------------------------------------------------------------------
     @property
     def num_steps(self) -> int:
-        return len(self)
+        """Optimizer steps in the current epoch (``len(self) // rows_per_step``)."""
+        return len(self._data().step_order)
 
     @property
     def plan(self) -> Plan:
@@ -301,7 +344,8 @@ class PackedBatchSampler(Sampler[list[int]]):
 
     @property
     def rank_costs(self) -> np.ndarray:
-        """float64 ``[num_steps, world_size]``: each rank's row cost at each yielded step."""
+        """float64 ``[num_steps, world_size]``: each rank's cost (sum of its ``rows_per_step`` rows) at each
+        yielded step."""
         return self._data().rank_costs
 
     @property
@@ -321,12 +365,14 @@ class PackedBatchSampler(Sampler[list[int]]):
     def _fingerprint(self) -> dict:
         return {"capacity": self.capacity, "world_size": self.world_size, "num_samples": len(self.lengths),
                 "lengths_digest": self._lengths_digest, "algorithm": self.algorithm, "cost": _cost_tag(self.cost),
-                "overlong": self.overlong, "shuffle": self.shuffle, "drop_last": self.drop_last}
+                "overlong": self.overlong, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                "rows_per_step": self.rows_per_step}
 
     def state_dict(self, steps_done: Optional[int] = None) -> dict:
         """``{"version", "epoch", "seed", "steps_done", "config"}``: the same on every rank.
 
-        ``steps_done`` defaults to the rows this sampler has handed out in the current epoch. A
+        ``steps_done`` defaults to the rows this sampler has handed out in the current epoch (with
+        ``rows_per_step=k`` it counts rows, i.e. micro-batches, not optimizer steps). A
         DataLoader fetches ahead of training (``prefetch_factor * num_workers`` batches, or one with
         no workers), so pass the number of steps your loop actually consumed.
         """
@@ -353,6 +399,7 @@ class PackedBatchSampler(Sampler[list[int]]):
             raise ValueError(f"unsupported state version {state['version']!r} (this packkit reads {STATE_VERSION})")
         mine = self._fingerprint()
         theirs = dict(state["config"])
+        theirs.setdefault("rows_per_step", 1)  # states saved before rows_per_step existed
         diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]}
         if _int_arg(state["seed"], "seed") != self.seed:
             diff["seed"] = (state["seed"], self.seed)
@@ -398,4 +445,4 @@ class PackedBatchSampler(Sampler[list[int]]):
     def __repr__(self) -> str:
         return (f"PackedBatchSampler(samples={len(self.lengths)}, capacity={self.capacity}, rank={self.rank}, "
                 f"world_size={self.world_size}, epoch={self.epoch}, algorithm={self.algorithm!r}, "
-                f"shuffle={self.shuffle}, drop_last={self.drop_last})")
+                f"shuffle={self.shuffle}, drop_last={self.drop_last}, rows_per_step={self.rows_per_step})")

@@ -5,7 +5,8 @@ usage: python sampler_dist_worker.py RANK WORLD_SIZE INIT_METHOD OUT_JSON
 The sampler takes rank and world size from torch.distributed. Each rank iterates two epochs and the
 ranks all_gather_object their rows; a small dataset whose last step leaves one rank an empty row then
 runs through DataLoader + PackingCollator with one all_reduce per step (a training step's collective),
-so a rank that skipped a step would hang here. Rank 0 writes everything to OUT_JSON for the test to check.
+so a rank that skipped a step would hang here. A sampler with rows_per_step=3 checks the same
+guarantees for several rows per rank per step, including a resume in the middle of a step. Rank 0 writes everything to OUT_JSON for the test to check.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import packkit
 from packkit.sampler import PackedBatchSampler
 
 CAPACITY = 4096
+ROWS_PER_STEP = 3
+RESUME_AT = 7  # mid-step: row 1 of step 2
 
 
 def workload() -> np.ndarray:
@@ -50,6 +53,18 @@ def main() -> int:
                            "balance": sampler.balance, "plan_balance": sampler.plan.balance,
                            "dropped": sampler.dropped.tolist(), "zero_length": sampler.zero_length.tolist()})
 
+        # Three rows per rank per step (gradient accumulation): rows, costs and a resume mid-step.
+        acc = PackedBatchSampler(lengths, CAPACITY, seed=5, overlong="drop", rows_per_step=ROWS_PER_STEP)
+        acc.verify()
+        acc_rows = list(acc)
+        resumed = PackedBatchSampler(lengths, CAPACITY, seed=5, overlong="drop", rows_per_step=ROWS_PER_STEP)
+        resumed.load_state_dict(acc.state_dict(steps_done=RESUME_AT))
+        resumed.verify()
+        gathered_acc = [None] * world_size
+        dist.all_gather_object(gathered_acc, {"rows": acc_rows, "len": len(acc), "num_steps": acc.num_steps,
+                                              "rank_costs": acc.rank_costs.tolist(), "balance": acc.balance,
+                                              "resumed": list(resumed)})
+
         # Three full-capacity samples over two ranks: step 2 has one empty row.
         tokens = [list(range(1, CAPACITY + 1)), list(range(2, CAPACITY + 2)), list(range(3, CAPACITY + 3))]
         small = PackedBatchSampler([CAPACITY] * 3, CAPACITY, seed=0)
@@ -68,7 +83,8 @@ def main() -> int:
         if rank == 0:
             with open(out_path, "w") as f:
                 json.dump({"lengths": lengths.tolist(), "capacity": CAPACITY, "epochs": epochs,
-                           "small_steps": gathered_steps}, f)
+                           "small_steps": gathered_steps,
+                           "rows_per_step": {"k": ROWS_PER_STEP, "resume_at": RESUME_AT, "ranks": gathered_acc}}, f)
     finally:
         dist.destroy_process_group()
     return 0

@@ -109,7 +109,8 @@ def test_ogbfd_steps_and_balance(case, dp_size, cost):
         assert (sizes[:-1] > 0).all()
     # no worse than dealing the same (obfd) bins round robin
     dealt = packkit.plan(lengths, capacity, algorithm="obfd", dp_size=dp_size, cost=cost, overlong="split")
-    assert dealt.num_bins == plan.num_bins
+    obfd_rows = packkit.plan(lengths, capacity, overlong="split").num_bins
+    assert plan.num_bins - plan.empty_bins <= obfd_rows + dp_size  # at most dp_size more rows than best fit
     assert plan.rank_costs.max(axis=1).sum() <= dealt.rank_costs.max(axis=1).sum() * (1 + 1e-9) + 1e-9
 
 

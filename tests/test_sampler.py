@@ -458,3 +458,17 @@ def test_gloo_two_processes(tmp_path):
         assert all(s[step]["shape"] == [1, capacity] for s in small)
         assert small[0][step]["global_label_tokens"] == sum(s[step]["label_tokens"] for s in small)
     assert sorted(s[1]["label_tokens"] for s in small) == [0, capacity - 1]
+    # rows_per_step=k: k rows per rank per step, exactly once over ranks, balanced on the sums, resumable
+    acc = result["rows_per_step"]
+    k, ranks = acc["k"], acc["ranks"]
+    steps = ranks[0]["num_steps"]
+    assert steps > 0 and all(r["num_steps"] == steps and r["len"] == len(r["rows"]) == steps * k for r in ranks)
+    shards = [[i for row in r["rows"] for i in row] for r in ranks]
+    assert not set(shards[0]) & set(shards[1]) and sorted(shards[0] + shards[1]) == expected
+    assert all(lengths[row].sum() <= capacity for r in ranks for row in r["rows"])
+    sums = np.array([[sum(float((lengths[row].astype(np.float64) ** 2).sum()) for row in r["rows"][s * k:(s + 1) * k])
+                      for r in ranks] for s in range(steps)])
+    np.testing.assert_allclose(sums, ranks[0]["rank_costs"])
+    balance = sums.max(1).sum() / sums.mean(1).sum()
+    assert balance == pytest.approx(ranks[0]["balance"]) and balance <= 1.01
+    assert all(r["resumed"] == r["rows"][acc["resume_at"]:] for r in ranks)

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <exception>
+#include <thread>
 
 namespace packkit {
 
@@ -20,6 +22,7 @@ struct StepState {
   const int64_t* lengths;
   const std::vector<double>& costs;
   int64_t capacity;
+  bool fill_empty = true;  // may a move put an item into an empty row (one more row)?
   std::vector<std::vector<int64_t>*> bins;
   std::vector<double> cost;
   std::vector<int64_t> load;
@@ -84,21 +87,25 @@ struct StepState {
       auto& bt = *bins[t];
       sorted_t.clear();
       for (size_t q = 0; q < bt.size(); ++q) sorted_t.emplace_back(costs[static_cast<size_t>(bt[q])], static_cast<int64_t>(q));
-      std::sort(sorted_t.begin(), sorted_t.end());
+      const bool scan_all = sorted_t.size() <= 8;  // small rows: try every swap, no sort needed
+      if (!scan_all) std::sort(sorted_t.begin(), sorted_t.end());
       for (size_t pi = 0; pi < bm.size(); ++pi) {
         const int64_t i = bm[pi];
         const double ci = costs[static_cast<size_t>(i)];
         const int64_t li = lengths[i];
-        if (li <= free_t) {  // move i alone
+        if (li <= free_t && (fill_empty || !bt.empty())) {  // move i alone (into an empty row if allowed)
           const double pair_max = std::max(top - ci, cost[t] + ci);
           if (pair_max < best) best = pair_max, best_pi = pi, best_t = t, best_pj = -1;
         }
         // swap with j whose cost is nearest ci - half_gap (that transfer levels the pair)
         const double want = ci - half_gap;
-        auto pos = std::lower_bound(sorted_t.begin(), sorted_t.end(), std::make_pair(want, int64_t{-1}));
-        const ptrdiff_t centre = pos - sorted_t.begin();
-        for (ptrdiff_t k = std::max<ptrdiff_t>(0, centre - 3);
-             k < std::min<ptrdiff_t>(static_cast<ptrdiff_t>(sorted_t.size()), centre + 3); ++k) {
+        ptrdiff_t lo = 0, hi = static_cast<ptrdiff_t>(sorted_t.size());
+        if (!scan_all) {
+          auto pos = std::lower_bound(sorted_t.begin(), sorted_t.end(), std::make_pair(want, int64_t{-1}));
+          const ptrdiff_t centre = pos - sorted_t.begin();
+          lo = std::max<ptrdiff_t>(0, centre - 3), hi = std::min(hi, centre + 3);
+        }
+        for (ptrdiff_t k = lo; k < hi; ++k) {
           const double cj = sorted_t[static_cast<size_t>(k)].first;
           const int64_t pj = sorted_t[static_cast<size_t>(k)].second;
           const int64_t lj = lengths[bt[static_cast<size_t>(pj)]];
@@ -131,7 +138,7 @@ double bin_cost(const std::vector<int64_t>& bin, const std::vector<double>& cost
 
 // Gives empty slots of the last step one item each from the costliest bins of other steps, when
 // that strictly lowers the donor step's maximum and does not raise the last step's maximum.
-void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp) {
+void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp, size_t max_fill) {
   const size_t num_steps = slots.size() / static_cast<size_t>(dp);
   if (num_steps < 2) return;
   const size_t last = (num_steps - 1) * static_cast<size_t>(dp);
@@ -141,6 +148,10 @@ void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp) 
     if (slots[k].empty()) empty.push_back(k);
     last_max = std::max(last_max, bin_cost(slots[k], costs));
   }
+  if (empty.size() > max_fill) empty.resize(max_fill);  // each filled slot is one more row
+  if (empty.empty()) return;
+  std::vector<double> row_cost(last);  // bins of the other steps, computed once
+  for (size_t k = 0; k < last; ++k) row_cost[k] = bin_cost(slots[k], costs);
   for (size_t e : empty) {
     // Best donor: the step whose maximum drops the most.
     double best_gain = 0, best_cost = 0;
@@ -149,7 +160,7 @@ void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp) 
       double top = -1, second = 0;
       size_t m = 0;
       for (size_t k = s * static_cast<size_t>(dp); k < (s + 1) * static_cast<size_t>(dp); ++k) {
-        const double c = bin_cost(slots[k], costs);
+        const double c = row_cost[k];
         if (c > top) second = std::max(second, top), top = c, m = k;
         else second = std::max(second, c);
       }
@@ -165,6 +176,7 @@ void fill_last_step(Slots& slots, const std::vector<double>& costs, int64_t dp) 
     }
     if (best_gain <= 0) break;
     auto& donor = slots[best_bin];
+    row_cost[best_bin] -= best_cost;
     slots[e].push_back(donor[best_pos]);
     donor[best_pos] = donor.back();
     donor.pop_back();
@@ -202,30 +214,114 @@ Slots deal_in_order(const BinAssignment& bins, int64_t dp_size) {
   return slots;
 }
 
-Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
-                    const std::vector<double>& costs, int64_t capacity, int64_t dp_size) {
-  Slots by_bin = group_by_bin(bins);
-  if (dp_size == 1) return by_bin;
+namespace {
 
-  std::vector<double> cost(by_bin.size());
-  for (size_t b = 0; b < by_bin.size(); ++b) cost[b] = bin_cost(by_bin[b], costs);
-  std::vector<size_t> order(by_bin.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+double sum_of_step_maxima(const Slots& slots, const std::vector<double>& costs, size_t dp) {
+  double sum = 0;
+  for (size_t s = 0; s * dp < slots.size(); ++s) {
+    double top = 0;
+    for (size_t k = s * dp; k < (s + 1) * dp; ++k) top = std::max(top, bin_cost(slots[k], costs));
+    sum += top;
+  }
+  return sum;
+}
 
-  Slots slots(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
-  for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
-
-  const size_t dp = static_cast<size_t>(dp_size);
+// Improves a step-major layout in place: moves/swaps inside each step, empty rows of the last step
+// filled from other steps (while the layout has at most max_rows non-empty rows).
+void polish(Slots& slots, const int64_t* lengths, const std::vector<double>& costs, int64_t capacity, size_t dp,
+            size_t max_rows) {
+  size_t rows = 0, empty = 0;
+  for (const auto& row : slots) rows += !row.empty(), empty += row.empty();
+  // Only the last step has empty rows; moves may fill them while the row count stays in bounds.
+  const bool may_fill = rows + empty <= max_rows;
   auto refine_step = [&](size_t s) {
     StepState state(lengths, costs, capacity);
+    state.fill_empty = may_fill;
     for (size_t k = s * dp; k < (s + 1) * dp; ++k) state.add(&slots[k]);
     state.refine();
   };
   const size_t num_steps = slots.size() / dp;
   for (size_t s = 0; s < num_steps; ++s) refine_step(s);
-  fill_last_step(slots, costs, dp_size);
+  fill_last_step(slots, costs, static_cast<int64_t>(dp), max_rows > rows ? max_rows - rows : 0);
   if (num_steps > 0) refine_step(num_steps - 1);
+}
+
+// Moves the one step holding empty rows to the end; false if empty rows are in several steps or
+// the layout has more than `max_rows` non-empty rows.
+bool empty_rows_last(Slots& slots, size_t dp, size_t max_rows) {
+  size_t with_empty = slots.size() / dp, count = 0, rows = 0;
+  for (size_t s = 0; s * dp < slots.size(); ++s)
+    for (size_t k = s * dp; k < (s + 1) * dp; ++k) {
+      if (!slots[k].empty()) ++rows;
+      else if (with_empty != s) ++count, with_empty = s;
+    }
+  if (count > 1 || rows > max_rows) return false;
+  if (count == 1 && with_empty + 1 < slots.size() / dp) {
+    const size_t last = slots.size() / dp - 1;
+    for (size_t r = 0; r < dp; ++r) std::swap(slots[with_empty * dp + r], slots[last * dp + r]);
+  }
+  return true;
+}
+
+}  // namespace
+
+Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
+                    const std::vector<double>& costs, int64_t capacity, int64_t dp_size,
+                    const CostModel* length_cost) {
+  Slots by_bin = group_by_bin(bins);
+  if (dp_size == 1) return by_bin;
+  const size_t dp = static_cast<size_t>(dp_size);
+
+  // Candidate 2 (on a second thread when there is enough work): steps formed while packing. Kept
+  // if its sum of step maxima is lower, it has at most dp more non-empty rows than best fit, and its
+  // empty rows (if any) are all in one step.
+  // Candidate 3, on the same thread: the heavy tail planned first (see heavy_steps_first).
+  Slots grouped, heavy;
+  bool grouped_ok = false, heavy_ok = false;
+  const int64_t n = static_cast<int64_t>(costs.size());
+  const size_t max_rows = static_cast<size_t>(bins.num_bins) + dp;  // non-empty rows allowed
+  auto make_grouped = [&] {
+    grouped = group_best_fit(lengths, n, costs, capacity, dp_size, false, length_cost);
+    grouped_ok = empty_rows_last(grouped, dp, max_rows);
+    if (grouped_ok) polish(grouped, lengths, costs, capacity, dp, max_rows);
+    grouped_ok = grouped_ok && empty_rows_last(grouped, dp, max_rows);  // moves may fill empty rows
+    heavy = heavy_steps_first(lengths, n, costs, capacity, dp_size);
+    heavy_ok = !heavy.empty() && empty_rows_last(heavy, dp, max_rows);
+    if (heavy_ok) polish(heavy, lengths, costs, capacity, dp, max_rows);
+    heavy_ok = heavy_ok && empty_rows_last(heavy, dp, max_rows);
+  };
+  std::exception_ptr failed;  // an exception must not escape a thread (std::terminate): rethrown here
+  std::thread worker;
+  if (costs.size() >= 200000 && std::thread::hardware_concurrency() > 1)
+    worker = std::thread([&] {
+      try {
+        make_grouped();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    });
+
+  // Candidate 1: best-fit bins sorted by cost, dp consecutive bins per step.
+  std::vector<double> cost(by_bin.size());
+  for (size_t b = 0; b < by_bin.size(); ++b) cost[b] = bin_cost(by_bin[b], costs);
+  std::vector<size_t> order(by_bin.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  Slots slots(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
+  for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
+  try {
+    polish(slots, lengths, costs, capacity, dp, max_rows);
+  } catch (...) {
+    if (worker.joinable()) worker.join();
+    throw;
+  }
+  if (worker.joinable()) worker.join();
+  else make_grouped();
+  if (failed) std::rethrow_exception(failed);
+  if (grouped_ok && sum_of_step_maxima(grouped, costs, dp) < sum_of_step_maxima(slots, costs, dp))
+    slots = std::move(grouped);
+  if (heavy_ok && sum_of_step_maxima(heavy, costs, dp) < sum_of_step_maxima(slots, costs, dp))
+    slots = std::move(heavy);
   assign_ranks(slots, costs, dp_size);
   return slots;
 }

@@ -15,7 +15,22 @@ Slots deal_in_order(const BinAssignment& bins, int64_t dp_size);
 // (never past capacity) while that lowers the step's largest bin cost. Empty slots of the last
 // step take items from the most loaded bins of other steps when that lowers those steps' maxima.
 // Items are only moved, never copied: every item stays in exactly one slot.
+// length_cost: the cost model when costs come from lengths alone (nullptr for per-item costs).
 Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
-                    const std::vector<double>& costs, int64_t capacity, int64_t dp_size);
+                    const std::vector<double>& costs, int64_t capacity, int64_t dp_size,
+                    const CostModel* length_cost = nullptr);
+
+// Group-aware best fit decreasing: longest items first, each into the step (group of dp bins) whose
+// largest free space fits it most tightly, and there into the cheapest bin with room (with
+// tight_small, items of at most capacity/64 tokens into the fullest bin with room). Step-major.
+// length_cost: when costs[i] == (*length_cost)(lengths[i]) for every item (no per-item reads).
+Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
+                     int64_t dp_size, bool tight_small = false, const CostModel* length_cost = nullptr);
+
+// The heavy tail first: items longer than capacity/2, sorted, dp per step; each step's leading
+// row takes the shortest items and the others fillers up to the leading row's cost; the rest by
+// group_best_fit. Empty when it does not apply (too few long items, costs not monotone in length).
+Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
+                        int64_t dp_size);
 
 }  // namespace packkit

@@ -45,6 +45,15 @@ void sort_row(PlanResult& plan, int64_t lo, int64_t hi) {
   auto& seq = plan.seg_seq;
   auto& start = plan.seg_start;
   auto& len = plan.seg_length;
+  if (start.empty()) {  // whole sequences: the index alone orders them
+    for (int64_t a = lo + 1; a < hi; ++a) {
+      const int64_t q = seq[a], l = len[a];
+      int64_t b = a;
+      for (; b > lo && seq[b - 1] > q; --b) seq[b] = seq[b - 1], len[b] = len[b - 1];
+      seq[b] = q, len[b] = l;
+    }
+    return;
+  }
   for (int64_t a = lo + 1; a < hi; ++a) {
     const int64_t q = seq[a], s = start[a], l = len[a];
     int64_t b = a;
@@ -57,32 +66,47 @@ void sort_row(PlanResult& plan, int64_t lo, int64_t hi) {
   }
 }
 
-// One row per bin (dp_size == 1): a counting sort of placements by bin, then rows in input order.
-// Bin costs come from the placement-ordered lengths, so nothing is read at random.
+// One row per bin (dp_size == 1): a counting sort of placements by bin (counts from the packer when
+// it kept them), then rows in input order. Bin costs come from the placement-ordered lengths.
 void emit_bins(PlanResult& plan, const Items& items, const BinAssignment& bins, const PlanOptions& opts,
                const std::vector<double>* custom_costs) {
   const size_t n = bins.order.size();
-  plan.bin_offsets.assign(static_cast<size_t>(bins.num_bins) + 1, 0);
-  plan.rank_costs.assign(static_cast<size_t>(bins.num_bins), 0.0);
-  for (size_t k = 0; k < n; ++k) {
-    const size_t b = static_cast<size_t>(bins.bin_at[k]);
-    ++plan.bin_offsets[b + 1];
-    plan.rank_costs[b] += custom_costs ? (*custom_costs)[static_cast<size_t>(bins.order[k])] : opts.cost(bins.length_at[k]);
+  const size_t num_bins = static_cast<size_t>(bins.num_bins);
+  plan.bin_offsets.assign(num_bins + 1, 0);
+  plan.rank_costs.assign(num_bins, 0.0);
+  auto item_cost = [&](size_t k, int64_t len) {
+    return custom_costs ? (*custom_costs)[static_cast<size_t>(bins.order[k])] : opts.cost(len);
+  };
+  const bool counted = bins.bin_size.size() == num_bins;
+  if (counted) {
+    for (size_t b = 0; b < num_bins; ++b) plan.bin_offsets[b + 1] = bins.bin_size[b];
+  } else {
+    bins.for_each_length([&](size_t k, int64_t) { ++plan.bin_offsets[static_cast<size_t>(bins.bin_at[k]) + 1]; });
   }
   for (size_t b = 1; b < plan.bin_offsets.size(); ++b) plan.bin_offsets[b] += plan.bin_offsets[b - 1];
 
   plan.seg_seq.resize(n);
-  plan.seg_start.resize(n);
   plan.seg_length.resize(n);
-  std::vector<int64_t> cursor(plan.bin_offsets.begin(), plan.bin_offsets.end() - 1);
-  for (size_t k = 0; k < n; ++k) {
+  const bool starts = !items.identity || opts.fill_identity_starts;
+  if (starts) plan.seg_start.resize(n);
+  // Write cursor and cost of each bin side by side: one random cache line per placement.
+  struct Cursor {
+    int64_t at;
+    double cost;
+  };
+  std::vector<Cursor> cursor(num_bins);
+  for (size_t b = 0; b < num_bins; ++b) cursor[b] = {plan.bin_offsets[b], 0.0};
+  bins.for_each_length([&](size_t k, int64_t len) {
     const int64_t item = bins.order[k];
-    const size_t at = static_cast<size_t>(cursor[static_cast<size_t>(bins.bin_at[k])]++);
+    Cursor& c = cursor[static_cast<size_t>(bins.bin_at[k])];
+    const size_t at = static_cast<size_t>(c.at++);
+    c.cost += item_cost(k, len);
     plan.seg_seq[at] = items.seq(item);
-    plan.seg_length[at] = bins.length_at[k];
+    plan.seg_length[at] = len;
     if (!items.identity) plan.seg_start[at] = items.start(item);
-  }
-  if (items.identity) std::fill(plan.seg_start.begin(), plan.seg_start.end(), 0);  // sequential, not scattered
+  });
+  for (size_t b = 0; b < num_bins; ++b) plan.rank_costs[b] = cursor[b].cost;
+  if (items.identity && starts) std::fill(plan.seg_start.begin(), plan.seg_start.end(), 0);  // sequential, not scattered
   for (size_t b = 0; b + 1 < plan.bin_offsets.size(); ++b)
     sort_row(plan, plan.bin_offsets[b], plan.bin_offsets[b + 1]);
 }
@@ -90,6 +114,9 @@ void emit_bins(PlanResult& plan, const Items& items, const BinAssignment& bins, 
 // Rows from explicit slots (dp layouts), input order inside each row.
 void emit_slots(PlanResult& plan, const Items& items, Slots& slots, const std::vector<double>& costs) {
   plan.bin_offsets.reserve(slots.size() + 1);
+  plan.seg_seq.reserve(static_cast<size_t>(items.count));
+  plan.seg_start.reserve(static_cast<size_t>(items.count));
+  plan.seg_length.reserve(static_cast<size_t>(items.count));
   plan.bin_offsets.push_back(0);
   plan.rank_costs.assign(slots.size(), 0.0);
   for (size_t b = 0; b < slots.size(); ++b) {
@@ -125,7 +152,8 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
   } else {
     const std::vector<double> costs = item_costs(items, opts, item_cost_fn);
     Slots slots = opts.algorithm == Algorithm::GroupedBestFit
-                      ? balance_steps(bins, items.length, costs, opts.capacity, opts.dp_size)
+                      ? balance_steps(bins, items.length, costs, opts.capacity, opts.dp_size,
+                                      item_cost_fn ? nullptr : &opts.cost)
                       : deal_in_order(bins, opts.dp_size);
     emit_slots(plan, items, slots, costs);
   }

@@ -28,6 +28,7 @@ py::dict plan(py::array_t<int64_t, py::array::c_style> lengths, int64_t capacity
   opts.overlong = packkit::parse_overlong(overlong);
   opts.dp_size = dp_size;
   opts.cost = {cost_a, cost_b};
+  opts.fill_identity_starts = false;  // numpy's zeros (calloc) are zeroed lazily by the OS
 
   packkit::ItemCostFn item_cost_fn;
   if (!cost_fn.is_none()) {
@@ -47,8 +48,11 @@ py::dict plan(py::array_t<int64_t, py::array::c_style> lengths, int64_t capacity
     result = packkit::make_plan(lengths.data(), lengths.shape(0), opts, item_cost_fn);
   }
   py::dict out;
+  const auto num_segments = static_cast<py::ssize_t>(result.seg_seq.size());
   out["seg_seq"] = to_numpy(std::move(result.seg_seq));
-  out["seg_start"] = to_numpy(std::move(result.seg_start));
+  out["seg_start"] = result.seg_start.empty() && num_segments > 0
+                         ? py::module_::import("numpy").attr("zeros")(num_segments, "int64")
+                         : py::object(to_numpy(std::move(result.seg_start)));
   out["seg_length"] = to_numpy(std::move(result.seg_length));
   out["bin_offsets"] = to_numpy(std::move(result.bin_offsets));
   out["dropped"] = to_numpy(std::move(result.report.dropped));
