@@ -308,7 +308,8 @@ def _checked_total_tokens(op: str, num_rows: int, row_len: int, flat: bool) -> i
     if flat and num_rows != 1:
         raise ValueError(f"packkit::triton_{op}: the flat layout is one row of row_len tokens, so num_rows must "
                          f"be 1, got {num_rows}")
-    if row_len != 0 and num_rows > _INT32_MAX // row_len:
+    # num_rows is bounded even when row_len == 0: the layout walks every row.
+    if num_rows > _INT32_MAX or (row_len != 0 and num_rows > _INT32_MAX // row_len):
         raise ValueError(f"packkit::triton_{op}: num_rows * row_len must be < 2^31 (cu_seqlens are int32), got "
                          f"{num_rows} * {row_len}")
     return num_rows * row_len

@@ -41,7 +41,9 @@ inline int64_t checked_total_tokens(int64_t num_rows, int64_t row_len, bool flat
                   num_rows, " and ", row_len);
   STD_TORCH_CHECK(!flat || num_rows == 1, "packkit::", op,
                   ": the flat layout is one row of row_len tokens, so num_rows must be 1, got ", num_rows);
-  STD_TORCH_CHECK(row_len == 0 || num_rows <= std::numeric_limits<int32_t>::max() / row_len, "packkit::", op,
+  // num_rows is bounded even when row_len == 0: the layout walks every row (a fuzz finding: 2^62 rows hung).
+  STD_TORCH_CHECK(num_rows <= std::numeric_limits<int32_t>::max() &&
+                      (row_len == 0 || num_rows <= std::numeric_limits<int32_t>::max() / row_len), "packkit::", op,
                   ": num_rows * row_len must be < 2^31 (cu_seqlens are int32), got ", num_rows, " * ", row_len);
   return num_rows * row_len;
 }
