@@ -55,6 +55,7 @@ Tensor empty_output(const Tensor& like, const std::vector<int64_t>& shape,
 
 // Fills `count` elements of `elem_size` bytes with one pattern.
 void fill_elements(uint8_t* dst, int64_t count, const uint8_t* pattern, size_t elem_size) {
+  if (count <= 0) return;  // an empty output may have no storage: memset(nullptr, ., 0) is UB (UBSan)
   switch (elem_size) {
     case 1: std::memset(dst, pattern[0], count); return;
     case 2: { uint16_t v; std::memcpy(&v, pattern, 2); std::fill_n(reinterpret_cast<uint16_t*>(dst), count, v); return; }
