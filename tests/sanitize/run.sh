@@ -24,5 +24,5 @@ san -m pytest -q -p no:cacheprovider --capture=sys tests/test_plan_op.py tests/t
   tests/test_plan_properties.py tests/test_pack_ops.py tests/test_pack_sequences.py tests/test_collator.py \
   tests/sanitize tests/fuzz
 if [ "${FUZZ_SECONDS:-0}" -gt 0 ]; then
-  san tests/fuzz/run_all.py --seconds "$FUZZ_SECONDS"
+  san tests/fuzz/run_all.py --seconds "$FUZZ_SECONDS" --json build/sanitize/fuzz-results.json
 fi
