@@ -121,7 +121,9 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
   PlanResult plan;
   plan.dp_size = opts.dp_size;
   const Items items = make_items(lengths, n, opts.capacity, opts.overlong, plan.report);
-  for (int64_t i = 0; i < items.count; ++i) plan.kept_tokens += items.length[i];
+  for (int64_t i = 0; i < items.count; ++i)  // fuzz finding: the sum overflowed (UB) for lengths near 2^63
+    if (__builtin_add_overflow(plan.kept_tokens, items.length[i], &plan.kept_tokens))
+      throw InvalidInput("the kept lengths sum to more than 2^63 - 1 tokens; plan in chunks");
 
   const BinAssignment bins = pack_bins(items, opts);
   if (opts.dp_size == 1) {  // ogbfd with one rank is obfd

@@ -1,10 +1,14 @@
 """CI fuzz run: every target for a bounded time, on a scratch copy of its committed corpus.
 
-    python tests/fuzz/run_all.py --seconds 30 [--json results.json] [--targets plan,ops]
+    python tests/fuzz/run_all.py --seconds 30 [--json results.json] [--targets plan,ops] [--keep DIR]
 
 Prints one line per target (executions, new corpus entries, crashes) and exits 1 if any target found
 a crash (its input is kept in the scratch folder and named in the output: add it to the corpus and
-a test). Run under tests/sanitize/run.sh so native code runs with ASan + UBSan.
+a test). ``--keep DIR`` copies every grown corpus to DIR/TARGET, for tests/fuzz/replay.py.
+
+Run it on the normal build: atheris' Python coverage breaks when gcc's libasan is preloaded (libasan
+then provides the coverage callbacks), so tests/sanitize/run.sh fuzzes here with coverage and replays
+every input the fuzzer kept under ASan + UBSan afterwards.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=30)
     parser.add_argument("--targets", default="")
     parser.add_argument("--json")
+    parser.add_argument("--keep")
     args = parser.parse_args()
     from targets import TARGETS
 
@@ -55,6 +60,11 @@ def main() -> int:
         if proc.returncode != 0 or crashes:
             failed = True
             print(log[-6000:], file=sys.stderr)
+        if args.keep:
+            shutil.rmtree(Path(args.keep) / name, ignore_errors=True)
+            shutil.copytree(corpus, Path(args.keep) / name)
+            for crash in crashes:
+                shutil.copy(crash, Path(args.keep) / name)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if not failed:

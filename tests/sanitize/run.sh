@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI stage: builds the ASan+UBSan variant (tests/sanitize/build.sh) and runs the planner, pack-op and
-# collator tests plus every fuzz corpus (and, with FUZZ_SECONDS > 0, each fuzz target for that long)
-# against it. Any sanitizer report aborts the process, so any report fails the stage.
+# collator tests plus every committed fuzz corpus against it; with FUZZ_SECONDS > 0, each fuzz target
+# runs that long (coverage-guided, normal build) and every input it kept is replayed against it too.
+# Any sanitizer report aborts the process, so any report fails the stage.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
@@ -24,5 +25,9 @@ san -m pytest -q -p no:cacheprovider --capture=sys tests/test_plan_op.py tests/t
   tests/test_plan_properties.py tests/test_pack_ops.py tests/test_pack_sequences.py tests/test_collator.py \
   tests/sanitize tests/fuzz
 if [ "${FUZZ_SECONDS:-0}" -gt 0 ]; then
-  san tests/fuzz/run_all.py --seconds "$FUZZ_SECONDS" --json build/sanitize/fuzz-results.json
+  # Fuzz with coverage on the normal build (a preloaded gcc libasan breaks atheris' coverage), then replay
+  # every input it kept, crashes included, under the sanitizers.
+  env -u LD_PRELOAD -u PYTHONPATH "$PY" -P tests/fuzz/run_all.py --seconds "$FUZZ_SECONDS" \
+    --json build/sanitize/fuzz-results.json --keep build/sanitize/fuzz-corpus
+  san tests/fuzz/replay.py build/sanitize/fuzz-corpus
 fi
