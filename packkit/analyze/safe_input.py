@@ -103,9 +103,11 @@ def open_input(path: Path):
     """The (decompressed, for ``.gz``) bytes of a regular input file; gzip errors become AnalyzeErrors."""
     raw = _open_regular(path)
     try:
-        with gzip_errors(path):
-            f = gzip.GzipFile(fileobj=raw, mode="rb") if path.suffix == ".gz" else raw
-            yield f
+        if path.suffix == ".gz":
+            with gzip_errors(path):
+                yield gzip.GzipFile(fileobj=raw, mode="rb")
+        else:  # an EOFError here (e.g. from np.load) is not about gzip
+            yield raw
     finally:
         raw.close()
 

@@ -93,6 +93,12 @@ def _check_plan(plan, lengths, capacity, overlong) -> None:
     assert np.all(ends[offsets[1:]] - ends[offsets[:-1]] <= capacity)
 
 
+def _split_pieces(lengths, capacity) -> int:
+    if not isinstance(capacity, int) or capacity <= 0:
+        return 0
+    return sum(-(-n // capacity) for n in lengths if isinstance(n, int) and n > 0)
+
+
 # --- planner -----------------------------------------------------------------------------------
 
 
@@ -107,8 +113,7 @@ def fuzz_plan(data: bytes) -> None:
     dp_size = b.edgy() if b.int(0, 5) == 0 else b.int(1, 8)
     cost = b.pick(["tokens", "attention", (1.0, 0.5), (-1.0, 0.0), (float("nan"), 1.0), "bogus",
                    lambda x: np.asarray(x, dtype=np.float64)])
-    if overlong == "split" and isinstance(capacity, int) and capacity > 0 and \
-            sum(-(-n // capacity) for n in lengths if n > 0) > 1 << 20:
+    if overlong == "split" and _split_pieces(lengths, capacity) > 1 << 20:
         overlong = "drop"  # a billion split pieces is a valid request for gigabytes, not bad input
     try:
         plan = packkit.plan(lengths, capacity, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
@@ -180,9 +185,12 @@ def fuzz_ops(data: bytes) -> None:
     sizes = (lambda v: v) if clean else (lambda v: b.edgy() if b.int(0, 4) == 0 else v)
     op = b.pick(["layout", "pack", "pack_batch", "unpack", "unpack_padded", "plan"])
     if op == "plan":  # the planner op on arbitrary lengths and arguments
+        values, cap = [b.edgy() for _ in range(b.int(0, 8))], b.edgy()
+        overlong = b.pick(["error", "split", "x"])
+        if overlong == "split" and _split_pieces(values, cap) > 1 << 20:
+            overlong = "error"  # see fuzz_plan
         try:
-            lt = _index_tensor(b, [b.edgy() for _ in range(b.int(0, 8))])
-            OPS.plan(lt, b.edgy(), b.pick(["obfd", "nf", "zz"]), b.pick(["error", "split", "x"]), b.edgy())
+            OPS.plan(_index_tensor(b, values), cap, b.pick(["obfd", "nf", "zz"]), overlong, b.edgy())
         except BaseException as e:
             _expect_allowed(e, raw_op=True)
         return
