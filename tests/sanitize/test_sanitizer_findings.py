@@ -2,6 +2,9 @@
 they check the results; under the sanitizers the bug itself aborts the run."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -28,3 +31,31 @@ def test_plan_dp_size_that_overflows_the_row_count():
     """UBSan (csrc/planner/dp_layout.cpp round_up): signed overflow for dp_size = 2**63 - 1; now refused."""
     with pytest.raises(RuntimeError, match=r"dp_size must be in \[1, 16777216\]"):
         OPS.plan(torch.tensor([6] * 7), 10, "obfd", "error", 2**63 - 1)
+
+
+def test_split_near_int64_max_ends():
+    """Fuzz finding (corpus/plan/oom-split-overflow): splitting a length within `capacity` of 2^63 overflowed
+    the piece cursor (csrc/planner/overlong.cpp) and never ended, until out of memory."""
+    cap = 2**62
+    plan = packkit.plan([cap + 5, 219, 273], cap, algorithm="nf", overlong="split")
+    seq, start, length, _ = plan.segments
+    pieces = sorted((int(s), int(a), int(n)) for s, a, n in zip(seq, start, length))
+    assert pieces == [(0, 0, cap), (0, cap, 5), (1, 0, 219), (2, 0, 273)]
+    assert plan.split.tolist() == [0]
+
+
+def test_layout_with_zero_row_len_and_huge_num_rows_ends():
+    """Fuzz finding (tests/fuzz/pending/ops-timeout-zero-row-len; OPEN, csrc/ops/pack_checks.hpp is the
+    lead's): with row_len = 0, checked_total_tokens does not bound num_rows, and the CPU layout loops over
+    2^62 rows. Run in a child process so the suite cannot hang; fails until num_rows is bounded."""
+    code = ("import torch, packkit\n"
+            "try:\n"
+            "    torch.ops.packkit.layout(torch.zeros(0, dtype=torch.long), torch.zeros(1, dtype=torch.long),"
+            " 2**62, 0, False, 2)\n"
+            "except RuntimeError as e:\n"
+            "    print('refused:', e)\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("layout with row_len=0 and num_rows=2**62 did not end within 60 s")
+    assert proc.returncode == 0 and "refused: " in proc.stdout and "packkit::layout" in proc.stdout, proc.stderr
