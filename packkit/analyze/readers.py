@@ -326,7 +326,10 @@ class RecordSource:
         # caller to the Python reader, which reports it with its line number.
         try:
             stream = pa.PythonFile(LineBoundedReader(f, self.path), mode="r")
-            reader = pj.open_json(stream, read_options=pj.ReadOptions(block_size=1 << 22),
+            # use_threads=False: pyarrow's reader threads calling back into a Python file abort the process
+            # at exit ("terminate called without an active exception") after a second read; measured cost
+            # ~0.29 s vs 0.17-0.26 s natively on an 89 MiB file.
+            reader = pj.open_json(stream, read_options=pj.ReadOptions(block_size=1 << 22, use_threads=False),
                                   parse_options=pj.ParseOptions(explicit_schema=schema,
                                                                 unexpected_field_behavior="ignore"))
         except (pa.ArrowException, OSError, AnalyzeError) as e:
@@ -428,7 +431,7 @@ def _read_text_lengths_python(path: Path, limit: int | None, progress: bool | No
 def _read_csv(pa, pcsv, source):
     return pcsv.read_csv(
         source,
-        read_options=pcsv.ReadOptions(column_names=["length"], block_size=1 << 24),
+        read_options=pcsv.ReadOptions(column_names=["length"], block_size=1 << 24, use_threads=False),  # see above
         parse_options=pcsv.ParseOptions(delimiter="\x1f", quote_char=False, ignore_empty_lines=True),
         convert_options=pcsv.ConvertOptions(column_types={"length": pa.int64()}, strings_can_be_null=False,
                                             null_values=[]))
