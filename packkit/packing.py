@@ -82,6 +82,7 @@ def pack_layout(segments: Segments, *, flat: bool, row_len: Optional[int] = None
         rows = num_bins if num_rows is None else _count(num_rows, "num_rows")
         if rows < num_bins:
             raise ValueError(f"the plan has {num_bins} rows but num_rows={rows}")
+        _check_batch_size(rows, row_len)  # before the per-row arrays below (num_rows=2**32 found by fuzzing)
         bin_tokens = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
         if num_bins and int(bin_tokens.max()) > row_len:
             worst = int(np.argmax(bin_tokens))
@@ -90,10 +91,14 @@ def pack_layout(segments: Segments, *, flat: bool, row_len: Optional[int] = None
         tails = np.concatenate((row_len - bin_tokens, np.full(rows - num_bins, row_len, np.int64)))
         pads = int(np.count_nonzero(tails))
         max_seqlen = max(longest, int(tails.max()) if len(tails) else 0)
+    _check_batch_size(rows, row_len)
+    return PackLayout(rows, row_len, flat, len(lengths) + pads + 1, max_seqlen, total)
+
+
+def _check_batch_size(rows: int, row_len: int) -> None:
     if rows * row_len >= 2**31:
         raise ValueError(f"a packed batch must hold fewer than 2^31 tokens (int32 cu_seqlens); got "
                          f"{rows} x {row_len}")
-    return PackLayout(rows, row_len, flat, len(lengths) + pads + 1, max_seqlen, total)
 
 
 def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
@@ -118,6 +123,9 @@ def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
         for i, s in enumerate(sequences):
             if s.dim() < 1:
                 raise ValueError(f"{name}[{i}] is a 0-d tensor; each sequence must be at least 1-D")
+            if s.shape[1:] != sequences[0].shape[1:]:  # torch.cat would raise a RuntimeError
+                raise ValueError(f"{name}[{i}] has shape {tuple(s.shape)} but {name}[0] has "
+                                 f"{tuple(sequences[0].shape)}; sequences may differ only in their first dim")
         lengths = np.array([s.shape[0] for s in sequences], np.int64)
         return torch.cat(list(sequences)), lengths
     lengths = np.empty(len(sequences), np.int64)

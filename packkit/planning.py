@@ -84,6 +84,11 @@ class Plan:
         """
         array = as_lengths(lengths)
         capacity = _as_count(capacity, "capacity")
+        negative = np.flatnonzero(array < 0)
+        if len(negative):  # the planner refuses these too; here they would vanish from the plan
+            i = int(negative[0])
+            raise ValueError(f"{len(negative)} lengths are negative (first at index {i}: {int(array[i])}); "
+                             "lengths must be >= 0")
         groups = [np.asarray(b, dtype=np.int64).reshape(-1) for b in bins]
         seq = np.concatenate(groups) if groups else np.zeros(0, np.int64)
         if len(seq) and (seq.min() < 0 or seq.max() >= len(array)):

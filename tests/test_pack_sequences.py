@@ -195,3 +195,15 @@ def test_device_packing_with_host_lengths_never_synchronises():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert batch["input_ids"].is_cuda
+
+
+def test_huge_num_rows_is_refused_before_allocating():
+    """Fuzz finding: num_rows=2**32 allocated a 32 GB per-row array before the 2^31-token check."""
+    with pytest.raises(ValueError, match="fewer than 2\\^31 tokens"):
+        packkit.pack_sequences([[1, 2, 3]], capacity=4, layout="padded", num_rows=2**32)
+
+
+def test_sequences_of_different_feature_shapes_are_a_value_error():
+    """Fuzz finding: tensors of different trailing shapes reached torch.cat (RuntimeError)."""
+    with pytest.raises(ValueError, match=r"sequences\[1\] has shape \(1, 3\) but sequences\[0\] has \(2,\)"):
+        packkit.pack_sequences([torch.tensor([1, 2]), torch.tensor([[1, 2, 3]])], capacity=8)

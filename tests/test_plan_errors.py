@@ -36,6 +36,12 @@ BAD_INPUTS = [
     ([1, 2], 10, {"overlong": "clip"}, ValueError, "allowed: error, drop, truncate, split"),
     ([1, 2], 10, {"dp_size": 0}, ValueError, "dp_size"),
     ([1, 2], 10, {"dp_size": 2.0}, TypeError, "dp_size"),
+    # fuzz finding (UBSan: signed overflow rounding the rows up to a multiple of dp_size)
+    ([6] * 7, 10, {"dp_size": 2**63 - 1}, ValueError, r"dp_size must be in \[1, 16777216\], got 9223372036854775807"),
+    ([6] * 7, 10, {"dp_size": 2**24 + 1, "algorithm": "ogbfd"}, ValueError, "dp_size must be in"),
+    # fuzz finding (UBSan: signed overflow summing the kept tokens; corpus/plan/crash-kept-tokens-overflow)
+    ([2**63 - 1] * 2, 2**63 - 1, {}, ValueError, r"kept lengths sum to more than 2\^63 - 1 tokens"),
+    ([2**62] * 3, 2**63 - 1, {"algorithm": "nf", "overlong": "truncate"}, ValueError, "kept lengths sum"),
     ([1, 2], 10, {"cost": "flops"}, ValueError, "unknown cost"),
     ([1, 2], 10, {"cost": (-1, 0)}, ValueError, "cost coefficients"),
     ([1, 2], 10, {"cost": (0, 0)}, ValueError, "cost coefficients"),

@@ -37,3 +37,11 @@ def test_from_bins_packs():
 def test_from_bins_rejects(bins, match):
     with pytest.raises(ValueError, match=match):
         packkit.Plan.from_bins([3, 2, 4], bins, 5)
+
+
+@pytest.mark.parametrize("bins", [[], [[0]], [[0, 1]]])
+def test_from_bins_rejects_negative_lengths(bins):
+    """Fuzz finding (tests/fuzz/corpus/from_bins/crash-negative-length): a negative length was accepted and
+    its sequence vanished from the plan (in no bin, not reported)."""
+    with pytest.raises(ValueError, match=r"1 lengths are negative \(first at index 0: -851\)"):
+        packkit.Plan.from_bins([-851, 2], bins, 10)

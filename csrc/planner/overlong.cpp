@@ -84,7 +84,12 @@ Items make_items(const int64_t* lengths, int64_t n, int64_t capacity, OverlongPo
       push(i, 0, capacity);  // keeps the first `capacity` tokens
     } else {  // Split: consecutive pieces, each a separate item
       report.split.push_back(i);
-      for (int64_t start = 0; start < len; start += capacity) push(i, start, std::min(capacity, len - start));
+      // Fuzz finding: `start += capacity` past the last piece overflowed for len > 2^63 - capacity (UB;
+      // in practice an endless loop of pieces until out of memory). Stop at the last piece instead.
+      for (int64_t start = 0;; start += capacity) {
+        push(i, start, std::min(capacity, len - start));
+        if (len - start <= capacity) break;
+      }
     }
   }
   items.length = items.length_storage.data();

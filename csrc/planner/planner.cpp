@@ -135,7 +135,12 @@ void emit_slots(PlanResult& plan, const Items& items, Slots& slots, const std::v
 }  // namespace
 
 PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts, const ItemCostFn& item_cost_fn) {
-  if (opts.dp_size < 1) throw InvalidInput("dp_size must be >= 1, got " + std::to_string(opts.dp_size));
+  // The bound keeps round_up(num_bins, dp_size) from overflowing (a fuzzer found dp_size = 2^63 - 1) and
+  // the up to dp_size - 1 empty padding rows of the last step to a size that can be allocated.
+  constexpr int64_t kMaxDpSize = int64_t{1} << 24;
+  if (opts.dp_size < 1 || opts.dp_size > kMaxDpSize)
+    throw InvalidInput("dp_size must be in [1, " + std::to_string(kMaxDpSize) + "], got " +
+                       std::to_string(opts.dp_size));
   if (!(std::isfinite(opts.cost.a) && std::isfinite(opts.cost.b) && opts.cost.a >= 0 && opts.cost.b >= 0 &&
         opts.cost.a + opts.cost.b > 0))
     throw InvalidInput("cost coefficients (a, b) must be finite, >= 0 and not both 0");
@@ -143,7 +148,9 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
   PlanResult plan;
   plan.dp_size = opts.dp_size;
   const Items items = make_items(lengths, n, opts.capacity, opts.overlong, plan.report);
-  for (int64_t i = 0; i < items.count; ++i) plan.kept_tokens += items.length[i];
+  for (int64_t i = 0; i < items.count; ++i)  // fuzz finding: the sum overflowed (UB) for lengths near 2^63
+    if (__builtin_add_overflow(plan.kept_tokens, items.length[i], &plan.kept_tokens))
+      throw InvalidInput("the kept lengths sum to more than 2^63 - 1 tokens; plan in chunks");
 
   const BinAssignment bins = pack_bins(items, opts);
   if (opts.dp_size == 1) {  // ogbfd with one rank is obfd

@@ -22,6 +22,7 @@ import numpy as np
 
 from .errors import AnalyzeError, optional
 from .readers import KIND, Chunk, ColumnarSource, FastPathUnavailable, RecordSource, open_source, read_lengths_file
+from .safe_input import Snapshot
 from .tokenize import TokenCounter
 from .vision_tokens import VisionTokenRule, image_tokens
 
@@ -384,6 +385,7 @@ def read_lengths(path: str | Path, spec: LengthSpec | None = None, *, format: st
     spec = spec or LengthSpec()
     if max_samples is not None and (isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples <= 0):
         raise AnalyzeError(f"max_samples must be a positive integer, got {max_samples!r}")
+    snapshot = Snapshot.of(path)
     fmt, source = open_source(path, format, split)
     reader = "pyarrow"
     if KIND[fmt] == "lengths":
@@ -397,6 +399,8 @@ def read_lengths(path: str | Path, spec: LengthSpec | None = None, *, format: st
         lengths, spec = _read_columnar(source, spec, max_samples, progress, path)
     else:
         lengths, spec, reader = _read_records(source, spec, max_samples, progress, path)
+    if not path.is_dir():
+        snapshot.check(path)  # appended, truncated or rewritten while read: the lengths would be a mix
     if lengths.size == 0:
         raise AnalyzeError("no samples (the dataset is empty)", path)
     info = {"path": str(path), "format": fmt, "split": getattr(source, "split", None), "samples": int(lengths.size),

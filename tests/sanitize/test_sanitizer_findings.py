@@ -1,0 +1,61 @@
+"""Regression tests for what the ASan + UBSan build found (tests/sanitize/run.sh). In a normal build
+they check the results; under the sanitizers the bug itself aborts the run."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import packkit  # noqa: F401  (registers torch.ops.packkit)
+
+OPS = torch.ops.packkit
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.bool, torch.int32])
+def test_unpack_to_an_empty_output(dtype):
+    """UBSan (csrc/ops/pack_op.cpp fill_elements): memset(nullptr, pad, 0) for an empty 1-byte output,
+    e.g. unpacking a batch that holds only padding; the CPU op must not pass a null pointer."""
+    packed = torch.zeros(1, 4, dtype=dtype)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    cu_seg = torch.tensor([-1], dtype=torch.int32)
+    none = torch.zeros(0, dtype=torch.int64)
+    out = OPS.unpack(packed, torch.zeros(1, dtype=torch.int64), none, none, cu, cu_seg, False, 0, 0.0)
+    assert out.shape == (0,) and out.dtype == dtype
+    out = OPS.unpack_padded(packed, none, none, cu, cu_seg, False, 0, 3, 0.0)
+    assert out.shape == (0, 3) and out.dtype == dtype
+
+
+def test_plan_dp_size_that_overflows_the_row_count():
+    """UBSan (csrc/planner/dp_layout.cpp round_up): signed overflow for dp_size = 2**63 - 1; now refused."""
+    with pytest.raises(RuntimeError, match=r"dp_size must be in \[1, 16777216\]"):
+        OPS.plan(torch.tensor([6] * 7), 10, "obfd", "error", 2**63 - 1)
+
+
+def test_split_near_int64_max_ends():
+    """Fuzz finding (corpus/plan/oom-split-overflow): splitting a length within `capacity` of 2^63 overflowed
+    the piece cursor (csrc/planner/overlong.cpp) and never ended, until out of memory."""
+    cap = 2**62
+    plan = packkit.plan([cap + 5, 219, 273], cap, algorithm="nf", overlong="split")
+    seq, start, length, _ = plan.segments
+    pieces = sorted((int(s), int(a), int(n)) for s, a, n in zip(seq, start, length))
+    assert pieces == [(0, 0, cap), (0, cap, 5), (1, 0, 219), (2, 0, 273)]
+    assert plan.split.tolist() == [0]
+
+
+def test_layout_with_zero_row_len_and_huge_num_rows_ends():
+    """Fuzz finding (tests/fuzz/corpus/ops/ops-timeout-zero-row-len): with row_len = 0 nothing bounded
+    num_rows, and the CPU layout looped over 2^62 rows. Run in a child process so a regression cannot
+    hang the suite."""
+    code = ("import torch, packkit\n"
+            "try:\n"
+            "    torch.ops.packkit.layout(torch.zeros(0, dtype=torch.long), torch.zeros(1, dtype=torch.long),"
+            " 2**62, 0, False, 2)\n"
+            "except RuntimeError as e:\n"
+            "    print('refused:', e)\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("layout with row_len=0 and num_rows=2**62 did not end within 60 s")
+    assert proc.returncode == 0 and "refused: " in proc.stdout and "packkit::layout" in proc.stdout, proc.stderr
