@@ -165,6 +165,8 @@ def sort_fields(fields: dict, lengths: np.ndarray, *, extra_fields: str = "error
 
 
 def _check_all_ones(mask: torch.Tensor, name: str, lengths: np.ndarray) -> None:
+    if mask.numel() == 0:  # no tokens (reshape(0, -1) would be ambiguous): nothing to check
+        return
     zeros = torch.nonzero(mask.reshape(mask.shape[0], -1).ne(1).any(-1)).flatten()
     if len(zeros):
         token = int(zeros[0])

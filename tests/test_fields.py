@@ -117,3 +117,14 @@ def test_streaming_carries_per_token_fields_and_refuses_unknown():
     with pytest.raises(ValueError, match="example 0 has 11 tokens.*'tag'.*cannot be split"):
         list(PackedIterableDataset([{"input_ids": list(range(1, 12)), "tag": "a"}], 4, overlong="split",
                                    extra_fields="keep"))
+
+
+def test_empty_sample_with_attention_mask_is_accepted():
+    """Fuzz finding (tests/fuzz/corpus/collator/collator-empty-attention-mask): an empty sample with an
+    all-ones (empty) attention_mask raised a raw RuntimeError from reshape(0, -1)."""
+    import packkit
+
+    batch = packkit.PackingCollator(8, layout="padded")([{"input_ids": [], "attention_mask": []},
+                                                         {"input_ids": [5, 6], "attention_mask": [1, 1]}])
+    assert "attention_mask" not in batch
+    assert batch["input_ids"][0, :2].tolist() == [5, 6]
