@@ -106,11 +106,19 @@ class Plan:
         offsets[1:] = np.cumsum([int((array[g] > 0).sum()) for g in groups])
         seq = seq[keep]
         seg_length = array[seq]
-        cumulative = np.concatenate(([0], np.cumsum(seg_length)))
+        if len(seg_length) and int(seg_length.max()) > capacity:
+            i = int(seq[np.argmax(seg_length)])
+            raise ValueError(f"sequence {i} has {int(array[i])} tokens, more than capacity={capacity}")
+        # Sums in Python ints when int64 could overflow (lengths near 2^63: a fuzz finding).
+        safe = not len(seg_length) or int(seg_length.max()) <= (2**63 - 1) // len(seg_length)
+        cumulative = np.concatenate(([0], np.cumsum(seg_length if safe else seg_length.astype(object))))
         tokens = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
         if len(tokens) and tokens.max() > capacity:
             worst = int(np.argmax(tokens))
             raise ValueError(f"bin {worst} holds {int(tokens[worst])} tokens, more than capacity={capacity}")
+        if int(cumulative[-1]) > 2**63 - 1:
+            raise ValueError(f"the bins hold {int(cumulative[-1])} tokens in all; at most 2^63 - 1 are supported")
+        tokens = tokens.astype(np.int64)
         empty = np.zeros(0, np.int64)
         raw = {"seg_seq": seq, "seg_start": np.zeros(len(seq), np.int64), "seg_length": seg_length,
                "bin_offsets": offsets, "dropped": empty, "truncated": empty.copy(), "split": empty.copy(),

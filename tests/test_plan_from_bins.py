@@ -45,3 +45,16 @@ def test_from_bins_rejects_negative_lengths(bins):
     its sequence vanished from the plan (in no bin, not reported)."""
     with pytest.raises(ValueError, match=r"1 lengths are negative \(first at index 0: -851\)"):
         packkit.Plan.from_bins([-851, 2], bins, 10)
+
+
+def test_bin_sum_near_int64_max_is_rejected():
+    """Fuzz finding (tests/fuzz/corpus/from_bins/from_bins-overflowing-bin-sum): 1 + (2^63 - 1) tokens in
+    one bin wrapped to a negative sum and passed the capacity check."""
+    import pytest
+
+    import packkit
+
+    with pytest.raises(ValueError, match="more than capacity"):
+        packkit.Plan.from_bins([0, 1, 2**63 - 1], [[1, 2]], 48)
+    with pytest.raises(ValueError, match="more than capacity|2\\^63"):
+        packkit.Plan.from_bins([2**62, 2**62, 2**62], [[0], [1], [2]], 2**62)
