@@ -257,6 +257,22 @@ inline void check_unpack_output(const char* op, const Tensor& packed, const Tens
                                        {"seg_start", &seg_start}, {"cu_seqlens", &cu_seqlens}, {"cu_seg", &cu_seg}});
 }
 
+// Output shapes, shared by every backend. Packed: [num_rows, row_len, *feature] ([row_len, *feature] if
+// flat), the feature dims those of `src` after its token dim.
+inline std::vector<int64_t> packed_shape(const Tensor& src, int64_t num_rows, int64_t row_len, bool flat) {
+  std::vector<int64_t> shape;
+  if (!flat) shape.push_back(num_rows);
+  shape.push_back(row_len);
+  for (int64_t d = 1; d < src.dim(); ++d) shape.push_back(src.size(d));
+  return shape;
+}
+
+// Unpacked: [*leading, *feature of packed] (packed's token dims: 1 if flat, else 2).
+inline std::vector<int64_t> unpacked_shape(const Tensor& packed, std::vector<int64_t> leading, bool flat) {
+  for (int64_t d = flat ? 1 : 2; d < packed.dim(); ++d) leading.push_back(packed.size(d));
+  return leading;
+}
+
 // The bytes of `value` converted to `dtype` (any dtype, incl. half/bool/complex), built with torch's
 // own conversion so every backend pads with exactly the same bit pattern.
 inline std::array<uint8_t, 16> value_bytes(double value, ScalarType dtype) {

@@ -148,12 +148,6 @@ void fill_with(const Tensor& out, double pad_value) {
   fill_elements(static_cast<uint8_t*>(out.mutable_data_ptr()), out.numel(), pad.data(), out.element_size());
 }
 
-// [*leading, *feature of packed]: the unpack outputs' shape.
-std::vector<int64_t> unpacked_shape(const Tensor& packed, std::vector<int64_t> leading, int64_t token_dims) {
-  for (int64_t d = token_dims; d < packed.dim(); ++d) leading.push_back(packed.size(d));
-  return leading;
-}
-
 Tensor contiguous_cpu(const Tensor& t, const char* op, const char* name) {
   STD_TORCH_CHECK(t.is_cpu(), "packkit::", op, ": ", name, " must be a CPU tensor here");
   return torch::stable::contiguous(t);
@@ -209,14 +203,6 @@ void pack_impl(const char* op, const Tensor& src, const Tensor& src_offsets, con
                sq.const_data_ptr<int64_t>(), st.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(),
                cs.const_data_ptr<int32_t>(), cs.numel(), s.element_size(), feature_numel(s, 1), pad.data(),
                first_value ? first.data() : nullptr, static_cast<uint8_t*>(out.mutable_data_ptr()));
-}
-
-std::vector<int64_t> packed_shape_of(const Tensor& src, int64_t num_rows, int64_t row_len, bool flat) {
-  std::vector<int64_t> shape;
-  if (!flat) shape.push_back(num_rows);
-  shape.push_back(row_len);
-  for (int64_t d = 1; d < src.dim(); ++d) shape.push_back(src.size(d));
-  return shape;
 }
 
 void unpack_impl(const char* op, const Tensor& packed, const Tensor& src_offsets, const Tensor& seg_seq,
@@ -367,7 +353,7 @@ Tensor pack_cpu(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_
   STD_TORCH_CHECK(src.dim() >= 1, "packkit::pack: src must be [tokens, *feature], got a 0-d tensor");
   checked_total_tokens(num_rows, row_len, flat, "pack");
   STD_TORCH_CHECK(src.is_cpu(), "packkit::pack: src must be a CPU tensor here");
-  Tensor out = empty_output(src, packed_shape_of(src, num_rows, row_len, flat));
+  Tensor out = empty_output(src, packed_shape(src, num_rows, row_len, flat));
   pack_impl("pack", src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, num_rows, row_len, flat, pad_value,
             first_value, out);
   return out;
@@ -401,7 +387,7 @@ Tensor unpack_cpu(const Tensor& packed, const Tensor& src_offsets, const Tensor&
   packed_tokens(packed, flat, "unpack");
   STD_TORCH_CHECK(num_src_tokens >= 0, "packkit::unpack: num_src_tokens must be >= 0");
   STD_TORCH_CHECK(packed.is_cpu(), "packkit::unpack: packed must be a CPU tensor here");
-  Tensor out = empty_output(packed, unpacked_shape(packed, {num_src_tokens}, flat ? 1 : 2));
+  Tensor out = empty_output(packed, unpacked_shape(packed, {num_src_tokens}, flat));
   unpack_impl("unpack", packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out);
   return out;
 }
@@ -413,7 +399,7 @@ Tensor unpack_padded_cpu(const Tensor& packed, const Tensor& seg_seq, const Tens
   packed_tokens(packed, flat, "unpack_padded");
   STD_TORCH_CHECK(num_sequences >= 0 && max_len >= 0, "packkit::unpack_padded: num_sequences and max_len must be >= 0");
   STD_TORCH_CHECK(packed.is_cpu(), "packkit::unpack_padded: packed must be a CPU tensor here");
-  Tensor out = empty_output(packed, unpacked_shape(packed, {num_sequences, max_len}, flat ? 1 : 2));
+  Tensor out = empty_output(packed, unpacked_shape(packed, {num_sequences, max_len}, flat));
   unpack_padded_impl("unpack_padded", packed, seg_seq, seg_start, cu_seqlens, cu_seg, flat, pad_value, out);
   return out;
 }

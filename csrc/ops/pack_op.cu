@@ -358,15 +358,6 @@ void dispatch_width(size_t width, const char* op, F&& f) {
   }
 }
 
-std::vector<int64_t> packed_shape(int64_t num_rows, int64_t row_len, bool flat, const Tensor& like,
-                                  int64_t token_dims) {
-  std::vector<int64_t> shape;
-  if (!flat) shape.push_back(num_rows);
-  shape.push_back(row_len);
-  for (int64_t d = token_dims; d < like.dim(); ++d) shape.push_back(like.size(d));
-  return shape;
-}
-
 }  // namespace
 
 // --- out-variants (the one implementation of each op) --------------------------------------------
@@ -437,10 +428,6 @@ void unpack_cuda_impl(const char* op, const Tensor& packed, const std::optional<
   });
 }
 
-std::vector<int64_t> unpacked_shape(const Tensor& packed, std::vector<int64_t> leading, bool flat) {
-  for (int64_t d = flat ? 1 : 2; d < packed.dim(); ++d) leading.push_back(packed.size(d));
-  return leading;
-}
 }  // namespace
 
 void pack_out_cuda(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
@@ -532,7 +519,7 @@ Tensor pack_cuda(const Tensor& src, const Tensor& src_offsets, const Tensor& seg
   checked_total_tokens(num_rows, row_len, flat, "pack");
   check_cuda(src, "pack", "src");
   torch::stable::accelerator::DeviceGuard guard(src.get_device_index());
-  Tensor out = torch::stable::new_empty(src, packed_shape(num_rows, row_len, flat, src, 1));
+  Tensor out = torch::stable::new_empty(src, packed_shape(src, num_rows, row_len, flat));
   pack_cuda_impl("pack", src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, num_rows, row_len, flat, pad_value,
                  first_value, out);
   return out;
