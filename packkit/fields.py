@@ -121,11 +121,7 @@ def sort_fields(fields: dict, lengths: np.ndarray, *, extra_fields: str = "error
             if values.dim() < 1 or values.shape[0] != total:
                 raise ValueError(f"field {name!r}: a flat tensor must have sum(lengths)={total} rows, got shape "
                                  f"{tuple(values.shape)}")
-            if name == "attention_mask":
-                _check_all_ones(values, name, lengths)
-                dropped.append(name)
-            else:
-                token[name] = values
+            _take_token_field(name, values, lengths, token, dropped)
             continue
         if not isinstance(values, (list, tuple)) or len(values) != n:
             raise ValueError(f"field {name!r} must hold one value per sample ({n}), got {describe(values)}")
@@ -141,12 +137,7 @@ def sort_fields(fields: dict, lengths: np.ndarray, *, extra_fields: str = "error
                 what = "is missing" if values[i] is None else f"is {describe(values[i])}"
                 raise ValueError(f"sample {i}: field {name!r} {what} but input_ids has {int(lengths[i])} tokens; "
                                  f"a per-token field needs one entry per token")
-            flat = flatten_token_field(name, values)
-            if name == "attention_mask":
-                _check_all_ones(flat, name, lengths)
-                dropped.append(name)
-            else:
-                token[name] = flat
+            _take_token_field(name, flatten_token_field(name, values), lengths, token, dropped)
             continue
         if per_token and n:
             token[name] = flatten_token_field(name, values)
@@ -162,6 +153,15 @@ def sort_fields(fields: dict, lengths: np.ndarray, *, extra_fields: str = "error
                              f"extra_fields='keep' to get it back as a list in packed order, or make it per-token "
                              f"(extra_fields='error' is the default)")
     return SortedFields(token, vis, keep, tuple(dropped))
+
+
+def _take_token_field(name: str, flat: torch.Tensor, lengths: np.ndarray, token: dict, dropped: list) -> None:
+    """A flat per-token field: packed, or (attention_mask) checked to be all ones and left out."""
+    if name == "attention_mask":
+        _check_all_ones(flat, name, lengths)
+        dropped.append(name)
+    else:
+        token[name] = flat
 
 
 def _check_all_ones(mask: torch.Tensor, name: str, lengths: np.ndarray) -> None:
