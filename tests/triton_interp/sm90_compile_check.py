@@ -100,7 +100,6 @@ def trace_checks() -> None:
     mode) and AOT autograd's functional decomposition into triton_kernel_wrapper_functional nodes."""
     import logging
 
-    from torch._functorch.aot_autograd import aot_function
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").setLevel(logging.ERROR)
@@ -130,6 +129,19 @@ def trace_checks() -> None:
             ((9, 2), torch.bfloat16), ((2, 6, 2), torch.bfloat16)]
     assert got == want, got
 
+    targets = aot_targets(ops, args)
+    launches = targets.count("triton_kernel_wrapper_functional")
+    # pack_batch 2 + layout 1 + pack 1 + unpack 2 + unpack_padded 2
+    assert launches == 8, targets
+    assert not any("packkit" in t for t in targets), targets
+    launches += trace_out_variants(args)
+    print(f"TRACED {launches} kernel launches")
+
+
+def aot_targets(ops, args: dict) -> list:
+    """The call targets of the forward graph AOT autograd makes of ``ops(args)`` (traced, never run)."""
+    from torch._functorch.aot_autograd import aot_function
+
     graphs = []
 
     def compiler(gm, _):
@@ -142,20 +154,13 @@ def trace_checks() -> None:
     except _StopAfterTrace:
         pass
     assert graphs, "AOT autograd produced no graph"
-    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
-    launches = targets.count("triton_kernel_wrapper_functional")
-    # pack_batch 2 + layout 1 + pack 1 + unpack 2 + unpack_padded 2
-    assert launches == 8, targets
-    assert not any("packkit" in t for t in targets), targets
-    launches += trace_out_variants(args)
-    print(f"TRACED {launches} kernel launches")
+    return [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
 
 
 def trace_out_variants(args) -> int:
     """The out-variants the same way: under FakeTensorMode they run (output checks included) without
     a kernel, and AOT autograd turns them into the same kernel launches plus copies back into the
     caller's buffers (functionalised mutation)."""
-    from torch._functorch.aot_autograd import aot_function
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     i64, i32, bf16 = dict(dtype=torch.int64), dict(dtype=torch.int32), dict(dtype=torch.bfloat16)
@@ -178,19 +183,7 @@ def trace_out_variants(args) -> int:
     with FakeTensorMode() as mode:
         ops({k: mode.from_tensor(v) for k, v in every.items()})
 
-    graphs = []
-
-    def compiler(gm, _):
-        graphs.append(gm)
-        raise _StopAfterTrace
-
-    names = list(every)
-    try:
-        aot_function(lambda *xs: ops(dict(zip(names, xs))), fw_compiler=compiler)(*every.values())
-    except _StopAfterTrace:
-        pass
-    assert graphs, "AOT autograd produced no graph for the out-variants"
-    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    targets = aot_targets(ops, every)
     launches = targets.count("triton_kernel_wrapper_functional")
     assert launches == 8, targets  # the same launches as the functional ops
     assert not any("packkit" in t for t in targets), targets
