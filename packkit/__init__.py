@@ -16,10 +16,12 @@ from .plan_check import PLAN_ERRORS, check_plan
 from .datasets import PackedRowsCollator, PackReport, pack_dataset  # datasets/pyarrow/ray load on first call
 from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, Segments, plan
 from .cost_model import transformer_cost
+from .hf_attention import register_varlen_attention, varlen_attention_forward  # transformers loads on first call
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences", "pack_on_device",
            "pack_layout", "check_plan", "PLAN_ERRORS", "PackLayout", "PackInfo", "LAYOUTS",
            "PackingCollator", "document_causal_block_mask",
            "PackedBatchSampler", "PackedIterableDataset", "pack_dataset", "PackReport",
-           "PackedRowsCollator", "mrope_position_ids", "PackBuffers", "transformer_cost"]
+           "PackedRowsCollator", "mrope_position_ids", "PackBuffers", "transformer_cost",
+           "register_varlen_attention", "varlen_attention_forward"]
 __version__ = "0.1.0"

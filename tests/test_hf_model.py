@@ -1,8 +1,9 @@
 """Proof on a real HF model: packed batches give the loss and gradients of unpacked training.
 
-A tiny randomly initialised LlamaForCausalLM (no download), SDPA attention, called with
-``use_cache=False``: with a KV cache transformers skips its packed-sequence detection and packed
-documents would attend to each other.
+A tiny randomly initialised LlamaForCausalLM (no download, tests/llama_helpers.py), SDPA attention,
+called with ``use_cache=False``: with a KV cache transformers skips its packed-sequence detection and
+packed documents would attend to each other. Other attention paths, bf16 and the GPU:
+tests/test_training_semantics.py.
 """
 from __future__ import annotations
 
@@ -12,49 +13,9 @@ import torch
 
 import packkit
 
+from llama_helpers import CAPACITY, assert_close, loss_and_grads, sequences, tiny_llama, unpacked_reference
+
 transformers = pytest.importorskip("transformers")
-CAPACITY = 48
-
-
-def tiny_llama(seed=0, attn="sdpa"):
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                      use_cache=False, attn_implementation=attn)
-    model = transformers.LlamaForCausalLM(config).to(torch.float32)
-    model.config.use_cache = False
-    return model
-
-
-def sequences(seed=0):
-    rng = np.random.default_rng(seed)
-    lengths = [2, CAPACITY, 17, 5, 31, 9, 44, 3, 23]  # a 2-token sequence and one of exactly capacity
-    return [rng.integers(1, 97, n).tolist() for n in lengths]
-
-
-def loss_and_grads(model, run):
-    model.zero_grad(set_to_none=True)
-    loss = run()
-    loss.backward()
-    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-
-
-def unpacked_reference(model, seqs):
-    """Each sequence alone; per-token mean over the whole batch (sum of token losses / token count)."""
-    def run():
-        total, count = 0.0, 0
-        for s in seqs:
-            ids = torch.tensor([s])
-            out = model(input_ids=ids, labels=ids, use_cache=False)
-            total = total + out.loss * (len(s) - 1)
-            count += len(s) - 1
-        return total / count
-    return loss_and_grads(model, run)
-
-
-def assert_close(a, b, rel=1e-5):
-    scale = max(float(b.abs().max()), 1e-12)
-    assert float((a - b).abs().max()) <= rel * scale + 1e-7, (float((a - b).abs().max()), scale)
 
 
 @pytest.mark.parametrize("layout", ["flat", "padded"])
