@@ -2,7 +2,7 @@
 
 A tiny random-init Llama gives the same loss and gradients on packkit's packed batches as on the same
 sequences run one by one (tests/llama_helpers.py), with:
-- SDPA, documents found by transformers' packed-sequence detection (from ``position_ids``);
+- SDPA and eager, documents found by transformers' packed-sequence detection (from ``position_ids``);
 - FlexAttention, documents cut by packkit's ``BlockMask`` (``return_block_mask=True``);
 - torch's varlen attention (``packkit.register_varlen_attention``), fed the batch's ``cu_seq_lens``
   and ``max_length``.
@@ -78,8 +78,9 @@ def check(loss, grads, device, dtype):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_sdpa_packed_detection(device, dtype, layout):
-    check(*packed_run("sdpa", device, dtype, layout), device, dtype)
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_position_ids_packed_detection(attn, device, dtype, layout):
+    check(*packed_run(attn, device, dtype, layout), device, dtype)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -54,7 +54,12 @@ step_build() {
 
 step_test() {
   if [ "$GPU" = 1 ]; then
-    PACKKIT_REQUIRE_GPU=1 timeout "$STEP_LIMIT" $PY -m pytest -q -rs -p no:cacheprovider tests 2>&1 | tee "$LOGS/test.log"
+    # pytest-xdist (on the GPU machine) splits the suite by file over workers sharing the GPU: the
+    # whole suite then fits the step limit. PACKKIT_TEST_WORKERS=0 runs it in one process.
+    local par=()
+    [ "${PACKKIT_TEST_WORKERS:-6}" != 0 ] && $PY -c "import xdist" 2>/dev/null \
+      && par=(-n "${PACKKIT_TEST_WORKERS:-6}" --dist loadfile)
+    PACKKIT_REQUIRE_GPU=1 timeout "$STEP_LIMIT" $PY -m pytest -q -rs -p no:cacheprovider "${par[@]}" tests 2>&1 | tee "$LOGS/test.log"
     return "${PIPESTATUS[0]}"
   fi
   # CPU mode: the GPU modules collect and skip, and a tagged skip really fails a GPU run.
