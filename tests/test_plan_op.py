@@ -56,20 +56,22 @@ def test_op_accepts_non_contiguous_lengths():
     np.testing.assert_array_equal(got[0].numpy(), want.seq_index)
 
 
-def test_compile_fullgraph_with_dynamic_output_sizes(monkeypatch):
+def test_compile_fullgraph_with_dynamic_output_sizes():
     import torch._dynamo
-
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
-    torch._dynamo.reset()
 
     def rows_and_tokens(lengths):
         seg_seq, seg_start, seg_length, bin_offsets = torch.ops.packkit.plan(lengths, 64)
         return bin_offsets.numel() - 1, seg_length.sum()
 
-    compiled = torch.compile(rows_and_tokens, fullgraph=True, dynamic=True)
-    rng = np.random.default_rng(1)
-    for n in (10, 17, 33):
-        lengths = torch.from_numpy(rng.integers(1, 64, n))
-        rows, tokens = compiled(lengths)
-        plan = packkit.plan(lengths, 64)
-        assert int(rows) == plan.num_bins and int(tokens) == plan.kept_tokens
+    # config.patch, not monkeypatch: undoing a monkeypatch deletes the entry, and torch then hides it
+    # from every later compile in the process ("capture_dynamic_output_shape_ops does not exist").
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = torch.compile(rows_and_tokens, fullgraph=True, dynamic=True)
+        rng = np.random.default_rng(1)
+        for n in (10, 17, 33):
+            lengths = torch.from_numpy(rng.integers(1, 64, n))
+            rows, tokens = compiled(lengths)
+            plan = packkit.plan(lengths, 64)
+            assert int(rows) == plan.num_bins and int(tokens) == plan.kept_tokens
+    torch._dynamo.reset()
