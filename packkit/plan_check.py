@@ -42,15 +42,20 @@ def plan_errors(status) -> list[str]:
     return [message for bit, message in PLAN_ERRORS.items() if code & bit]
 
 
-def _index(t, name: str, dtype: torch.dtype) -> torch.Tensor:
+def check_index_tensor(where: str, t, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """A plan tensor must be a 1-D tensor of ``dtype``; ``where`` prefixes the error (every op's check)."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"check_plan: {name} must be a tensor, got {type(t).__name__}")
+        raise TypeError(f"{where}: {name} must be a tensor, got {type(t).__name__}")
     if t.dim() != 1:
-        raise ValueError(f"check_plan: {name} must be 1-D, got {t.dim()} dims")
+        raise ValueError(f"{where}: {name} must be 1-D, got {t.dim()} dims")
     if t.dtype != dtype:
-        raise TypeError(f"check_plan: {name} must be {str(dtype).replace('torch.', '')}, got "
+        raise TypeError(f"{where}: {name} must be {str(dtype).replace('torch.', '')}, got "
                         f"{str(t.dtype).replace('torch.', '')}")
     return t
+
+
+def _index(t, name: str, dtype: torch.dtype) -> torch.Tensor:
+    return check_index_tensor("check_plan", t, name, dtype)
 
 
 def _size(value, name: str) -> int:

@@ -42,6 +42,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without triton
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
+from ..plan_check import check_index_tensor
+
 __all__ = ["layout", "pack", "pack_batch", "unpack", "unpack_padded", "layout_out", "pack_out", "pack_batch_out",
            "unpack_out", "unpack_padded_out"]
 
@@ -287,13 +289,7 @@ def _check_device(op: str, t: torch.Tensor, name: str) -> None:
 
 
 def _check_index(op: str, t, name: str, dtype: torch.dtype) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"packkit::triton_{op}: {name} must be a tensor, got {type(t).__name__}")
-    if t.dim() != 1:
-        raise ValueError(f"packkit::triton_{op}: {name} must be 1-D, got {t.dim()} dims")
-    if t.dtype != dtype:
-        raise TypeError(f"packkit::triton_{op}: {name} must be {'int64' if dtype == torch.int64 else 'int32'}, "
-                        f"got {t.dtype}")
+    check_index_tensor(f"packkit::triton_{op}", t, name, dtype)
 
 
 def _check_same_device(op: str, a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> None:

@@ -367,7 +367,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cpu(
   const Tensor& label_src = check_pack_batch_tokens(input_ids, labels);
   check_layout_args(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
   STD_TORCH_CHECK(input_ids.is_cpu(), "packkit::pack_batch: input_ids must be a CPU tensor here");
-  const std::vector<int64_t> shape = flat ? std::vector<int64_t>{row_len} : std::vector<int64_t>{num_rows, row_len};
+  const std::vector<int64_t> shape = packed_shape(input_ids, num_rows, row_len, flat);
   Tensor ids = empty_output(input_ids, shape);
   Tensor lab = empty_output(label_src, shape);
   Tensor positions = empty_output(input_ids, shape, ScalarType::Long);

@@ -534,7 +534,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> pack_batch_cuda(
   check_layout_args(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seqlens);
   check_cuda(input_ids, "pack_batch", "input_ids");
   torch::stable::accelerator::DeviceGuard guard(input_ids.get_device_index());
-  const std::vector<int64_t> shape = flat ? std::vector<int64_t>{row_len} : std::vector<int64_t>{num_rows, row_len};
+  const std::vector<int64_t> shape = packed_shape(input_ids, num_rows, row_len, flat);
   Tensor ids = torch::stable::new_empty(input_ids, shape);
   Tensor lab = torch::stable::new_empty(label_src, shape);
   Tensor positions = torch::stable::new_empty(input_ids, shape, ScalarType::Long);
