@@ -98,7 +98,7 @@ Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double
     bool have = false;
     for (size_t r = lo; r < lo + dp; ++r) {
       if (capacity - load[r] < len) continue;
-      const bool better = tight_small && len * kSmall <= capacity ? load[r] > load[best]
+      const bool better = tight_small && len <= capacity / kSmall ? load[r] > load[best]
                                        : cost[r] < cost[best] || (cost[r] == cost[best] && load[r] < load[best]);
       if (!have || better) best = r, have = true;
     }

@@ -35,7 +35,9 @@ Items make_items(const int64_t* lengths, int64_t n, int64_t capacity, OverlongPo
       if (negatives++ == 0) first_negative = i;
     } else if (len > capacity) {
       if (overlong++ == 0) first_overlong = i;
-      extra_pieces += (len - 1) / capacity;  // pieces beyond the first under "split"
+      // Pieces beyond the first under "split"; saturated, since it is only compared with kMaxItems and
+      // lengths near 2^63 with a small capacity would overflow the sum.
+      extra_pieces = std::min(extra_pieces + std::min((len - 1) / capacity, kMaxItems + 1), kMaxItems + 1);
     }
   }
   if (negatives > 0)

@@ -59,3 +59,23 @@ def test_layout_with_zero_row_len_and_huge_num_rows_ends():
     except subprocess.TimeoutExpired:
         pytest.fail("layout with row_len=0 and num_rows=2**62 did not end within 60 s")
     assert proc.returncode == 0 and "refused: " in proc.stdout and "packkit::layout" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("overlong", ["split", "drop", "truncate"])
+def test_many_split_pieces_near_int64_max(overlong):
+    """CI fuzz finding (UBSan, csrc/planner/overlong.cpp make_items; corpus/plan/crash-split-pieces-overflow): counting the pieces of two lengths near
+    2^63 at capacity 1 overflowed the piece count, under every policy. The count now saturates: "split" is
+    refused (more pieces than a plan holds), "drop" and "truncate" are reported per sequence."""
+    big = 2**63 - 2
+    if overlong == "split":
+        with pytest.raises(ValueError, match="a plan holds at most 2147483647 items"):
+            packkit.plan([big, big], 1, algorithm="nf", overlong="split")
+        return
+    plan = packkit.plan([big, 3, big], 1, algorithm="nf", overlong=overlong)
+    seq, _, length, _ = plan.segments
+    if overlong == "drop":
+        assert plan.dropped.tolist() == [0, 1, 2]
+        assert seq.size == 0
+    else:
+        assert sorted(seq.tolist()) == [0, 1, 2] and length.tolist() == [1, 1, 1]
+
