@@ -175,6 +175,23 @@ def test_large_random_input(algorithm):
         assert plan.num_bins <= plan.lower_bound * 1.01 + 3
 
 
+@pytest.mark.parametrize("dp_size", [1, 4])
+def test_obfd_above_the_two_thread_size_matches_the_general_path(dp_size):
+    # From 2^18 items obfd scatters the sorted order on a second thread, and whole sequences are emitted
+    # through packed (index, length) keys; a zero-length sequence at the end sends the same items down
+    # the general path (items copied, two-array emission). Both must give the same rows.
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 4097, 300_000)
+    fast = packkit.plan(lengths, 16384, algorithm="obfd", dp_size=dp_size)
+    general = packkit.plan(np.append(lengths, 0), 16384, algorithm="obfd", dp_size=dp_size)
+    assert general.zero_length.tolist() == [len(lengths)]
+    for a, b in zip(fast.segments, general.segments):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(fast.rank_costs, general.rank_costs)
+    check_plan(lengths, 16384, fast)
+    assert fast.num_bins <= fast.lower_bound * 1.001 + dp_size
+
+
 def test_input_kinds_agree():
     torch = pytest.importorskip("torch")
     base = [7, 3, 0, 12, 5, 9, 1]

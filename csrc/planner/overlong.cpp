@@ -27,10 +27,30 @@ Items make_items(const int64_t* lengths, int64_t n, int64_t capacity, OverlongPo
   if (capacity <= 0) throw InvalidInput("capacity must be > 0, got " + std::to_string(capacity));
   if (n < 0) throw InvalidInput("number of lengths must be >= 0");
 
-  // One validation pass first, so an error never leaves a half-made result behind.
-  int64_t negatives = 0, first_negative = -1, overlong = 0, first_overlong = -1, extra_pieces = 0;
+  // The common case in one branch-free (vectorised) pass: every length in [1, capacity], so the
+  // sequences are the items. The sum wraps harmlessly in uint64; it is exact when max * n fits.
+  {
+    int64_t lo = INT64_MAX, hi = 0;
+    uint64_t sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      lo = std::min(lo, lengths[i]);
+      hi = std::max(hi, lengths[i]);
+      sum += static_cast<uint64_t>(lengths[i]);
+    }
+    if (n == 0 || (lo >= 1 && hi <= capacity)) {
+      Items items;
+      items.length = lengths;
+      items.count = n;
+      if (n == 0 || hi <= INT64_MAX / n) items.total = static_cast<int64_t>(sum);  // else planner sums, checked
+      return items;
+    }
+  }
+
+  // Otherwise one validation pass first, so an error never leaves a half-made result behind.
+  int64_t negatives = 0, first_negative = -1, overlong = 0, first_overlong = -1, extra_pieces = 0, zeros = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t len = lengths[i];
+    zeros += len == 0;
     if (len < 0) {
       if (negatives++ == 0) first_negative = i;
     } else if (len > capacity) {
@@ -55,13 +75,6 @@ Items make_items(const int64_t* lengths, int64_t n, int64_t capacity, OverlongPo
     throw InvalidInput("a plan holds at most " + std::to_string(kMaxItems) + " items (sequences or split pieces), got " +
                        std::to_string(items_needed) + "; plan in chunks");
   Items items;
-  int64_t zeros = 0;
-  for (int64_t i = 0; i < n; ++i) zeros += lengths[i] == 0;
-  if (zeros == 0 && overlong == 0) {  // nothing to change: the sequences are the items
-    items.length = lengths;
-    items.count = n;
-    return items;
-  }
 
   items.identity = false;
   const size_t reserve = static_cast<size_t>(n + (policy == OverlongPolicy::Split ? extra_pieces : 0));

@@ -89,6 +89,7 @@ struct Items {
   const int64_t* length = nullptr;
   int64_t count = 0;
   bool identity = true;
+  int64_t total = -1;  // sum of the item lengths if make_items knew it and it fits int64, else -1
   std::vector<int64_t> seq_storage, start_storage, length_storage;  // used when !identity
 
   int64_t seq(int64_t i) const { return identity ? i : seq_storage[static_cast<size_t>(i)]; }

@@ -96,6 +96,37 @@ void emit_bins(PlanResult& plan, const Items& items, const BinAssignment& bins, 
   };
   std::vector<Cursor> cursor(num_bins);
   for (size_t b = 0; b < num_bins; ++b) cursor[b] = {plan.bin_offsets[b], 0.0};
+  if (items.identity && opts.capacity <= INT32_MAX) {
+    // Whole sequences: scatter one 8-byte key (index << 32 | length) per placement instead of two
+    // values, sort each row's keys, then split them in one sequential pass. Half the random writes;
+    // the key buffer is seg_seq's own.
+    uint64_t* key = reinterpret_cast<uint64_t*>(plan.seg_seq.data());
+    bins.for_each_length([&](size_t k, int64_t len) {
+      Cursor& c = cursor[static_cast<size_t>(bins.bin_at[k])];
+      c.cost += item_cost(k, len);
+      key[c.at++] = static_cast<uint64_t>(bins.order[k]) << 32 | static_cast<uint64_t>(len);
+    });
+    auto finish_rows = [&](size_t b0, size_t b1) {
+      for (size_t b = b0; b < b1; ++b) {
+        plan.rank_costs[b] = cursor[b].cost;
+        const int64_t lo = plan.bin_offsets[b], hi = plan.bin_offsets[b + 1];
+        for (int64_t a = lo + 1; a < hi; ++a) {  // insertion sort: rows hold few segments
+          const uint64_t v = key[a];
+          int64_t j = a;
+          for (; j > lo && key[j - 1] > v; --j) key[j] = key[j - 1];
+          key[j] = v;
+        }
+        for (int64_t a = lo; a < hi; ++a) {
+          const uint64_t v = key[a];
+          plan.seg_length[static_cast<size_t>(a)] = static_cast<int64_t>(v & 0xffffffffu);
+          plan.seg_seq[static_cast<size_t>(a)] = static_cast<int64_t>(v >> 32);
+        }
+      }
+    };
+    finish_rows(0, num_bins);
+    if (starts) std::fill(plan.seg_start.begin(), plan.seg_start.end(), 0);
+    return;
+  }
   bins.for_each_length([&](size_t k, int64_t len) {
     const int64_t item = bins.order[k];
     Cursor& c = cursor[static_cast<size_t>(bins.bin_at[k])];
@@ -148,9 +179,13 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
   PlanResult plan;
   plan.dp_size = opts.dp_size;
   const Items items = make_items(lengths, n, opts.capacity, opts.overlong, plan.report);
-  for (int64_t i = 0; i < items.count; ++i)  // fuzz finding: the sum overflowed (UB) for lengths near 2^63
-    if (__builtin_add_overflow(plan.kept_tokens, items.length[i], &plan.kept_tokens))
-      throw InvalidInput("the kept lengths sum to more than 2^63 - 1 tokens; plan in chunks");
+  plan.kept_tokens = items.total;
+  if (plan.kept_tokens < 0) {
+    plan.kept_tokens = 0;
+    for (int64_t i = 0; i < items.count; ++i)  // fuzz finding: the sum overflowed (UB) for lengths near 2^63
+      if (__builtin_add_overflow(plan.kept_tokens, items.length[i], &plan.kept_tokens))
+        throw InvalidInput("the kept lengths sum to more than 2^63 - 1 tokens; plan in chunks");
+  }
 
   const BinAssignment bins = pack_bins(items, opts);
   if (opts.dp_size == 1) {  // ogbfd with one rank is obfd
