@@ -1,9 +1,8 @@
 #include "dp_layout.hpp"
+#include "run_beside.hpp"
 
 #include <algorithm>
 #include <numeric>
-#include <exception>
-#include <thread>
 
 namespace packkit {
 
@@ -290,34 +289,18 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
     if (heavy_ok) polish(heavy, lengths, costs, capacity, dp, max_rows);
     heavy_ok = heavy_ok && empty_rows_last(heavy, dp, max_rows);
   };
-  std::exception_ptr failed;  // an exception must not escape a thread (std::terminate): rethrown here
-  std::thread worker;
-  if (costs.size() >= 200000 && std::thread::hardware_concurrency() > 1)
-    worker = std::thread([&] {
-      try {
-        make_grouped();
-      } catch (...) {
-        failed = std::current_exception();
-      }
-    });
-
-  // Candidate 1: best-fit bins sorted by cost, dp consecutive bins per step.
-  std::vector<double> cost(by_bin.size());
-  for (size_t b = 0; b < by_bin.size(); ++b) cost[b] = bin_cost(by_bin[b], costs);
-  std::vector<size_t> order(by_bin.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  // Candidate 1 (here, while candidates 2 and 3 run beside it): best-fit bins sorted by cost, dp
+  // consecutive bins per step.
   Slots slots(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
-  for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
-  try {
+  run_beside(costs.size() >= 200000, make_grouped, [&] {
+    std::vector<double> cost(by_bin.size());
+    for (size_t b = 0; b < by_bin.size(); ++b) cost[b] = bin_cost(by_bin[b], costs);
+    std::vector<size_t> order(by_bin.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+    for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
     polish(slots, lengths, costs, capacity, dp, max_rows);
-  } catch (...) {
-    if (worker.joinable()) worker.join();
-    throw;
-  }
-  if (worker.joinable()) worker.join();
-  else make_grouped();
-  if (failed) std::rethrow_exception(failed);
+  });
   if (grouped_ok && sum_of_step_maxima(grouped, costs, dp) < sum_of_step_maxima(slots, costs, dp))
     slots = std::move(grouped);
   if (heavy_ok && sum_of_step_maxima(heavy, costs, dp) < sum_of_step_maxima(slots, costs, dp))
