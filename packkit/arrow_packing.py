@@ -141,20 +141,29 @@ def _list_array(typ, offsets: np.ndarray, values: np.ndarray):
     return cls.from_arrays(pa.array(offsets.astype(np.int64 if large else np.int32)), flat, type=typ)
 
 
-def pack_table(columns: Sequence[TokenColumn], segments: Segments, *, position_ids: bool = False,
-               max_chunk_tokens: Optional[int] = None):
-    """A pyarrow Table with one row per bin of ``segments``: the packed columns, ``seq_lengths``
+def packed_schema(columns: Sequence[TokenColumn], *, position_ids: bool = False):
+    """The output schema of :func:`iter_packed_batches` / :func:`pack_table`."""
+    pa = _pa()
+    fields = [(c.name, c.type) for c in columns] + [("seq_lengths", pa.list_(pa.int32()))]
+    if position_ids:
+        fields.append(("position_ids", pa.list_(pa.int64())))
+    return pa.schema(fields)
+
+
+def iter_packed_batches(columns: Sequence[TokenColumn], segments: Segments, *, position_ids: bool = False,
+                        max_chunk_tokens: Optional[int] = None):
+    """Yields the packed rows as pyarrow RecordBatches of at most ``max_chunk_tokens`` tokens (a bin larger
+    than that is its own batch), one row per bin of ``segments``: the packed columns, ``seq_lengths``
     (list<int32>, the segment lengths of the row) and, if asked, ``position_ids`` (list<int64>, restarting
-    at 0 in every segment). Bins must be non-empty. Rows are cut into chunks of at most
-    ``max_chunk_tokens`` tokens (a bin larger than that is its own chunk)."""
+    at 0 in every segment). Bins must be non-empty. Only one batch is built at a time, so a caller that
+    writes each one out holds one batch of output, not the whole table."""
     pa = _pa()
     max_chunk_tokens = MAX_CHUNK_TOKENS if max_chunk_tokens is None else max_chunk_tokens
+    schema = packed_schema(columns, position_ids=position_ids)
     seg_seq, seg_start, seg_length, bin_offsets = (np.ascontiguousarray(a, dtype=np.int64) for a in segments)
     cum_seg = np.concatenate(([0], np.cumsum(seg_length)))
     row_tokens = cum_seg[bin_offsets]  # cumulative tokens at each row boundary
     num_rows = len(bin_offsets) - 1
-    chunks: dict[str, list] = {c.name: [] for c in columns}
-    chunks["seq_lengths"], chunks["position_ids"] = [], []
     r0 = 0
     while r0 < num_rows:
         # rows r0..r1-1 hold at most max_chunk_tokens (at least one row)
@@ -163,18 +172,21 @@ def pack_table(columns: Sequence[TokenColumn], segments: Segments, *, position_i
         s0, s1 = int(bin_offsets[r0]), int(bin_offsets[r1])
         cu = (cum_seg[s0:s1 + 1] - cum_seg[s0]).astype(np.int32)
         row_offsets = row_tokens[r0:r1 + 1] - row_tokens[r0]
-        for col in columns:
-            values = pack_values(col, seg_seq[s0:s1], seg_start[s0:s1], cu)
-            chunks[col.name].append(_list_array(col.type, row_offsets, values))
+        arrays = [_list_array(col.type, row_offsets, pack_values(col, seg_seq[s0:s1], seg_start[s0:s1], cu))
+                  for col in columns]
         lengths = seg_length[s0:s1].astype(np.int32)
-        chunks["seq_lengths"].append(pa.ListArray.from_arrays(
-            pa.array((bin_offsets[r0:r1 + 1] - s0).astype(np.int32)), pa.array(lengths)))
+        arrays.append(pa.ListArray.from_arrays(pa.array((bin_offsets[r0:r1 + 1] - s0).astype(np.int32)),
+                                               pa.array(lengths)))
         if position_ids:
             pos = np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
-            chunks["position_ids"].append(pa.ListArray.from_arrays(pa.array(row_offsets.astype(np.int32)),
-                                                                   pa.array(pos)))
+            arrays.append(pa.ListArray.from_arrays(pa.array(row_offsets.astype(np.int32)), pa.array(pos)))
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
         r0 = r1
-    names = [c.name for c in columns] + ["seq_lengths"] + (["position_ids"] if position_ids else [])
-    types = {c.name: c.type for c in columns}
-    types.update(seq_lengths=pa.list_(pa.int32()), position_ids=pa.list_(pa.int64()))
-    return pa.table({n: pa.chunked_array(chunks[n], type=types[n]) for n in names})
+
+
+def pack_table(columns: Sequence[TokenColumn], segments: Segments, *, position_ids: bool = False,
+               max_chunk_tokens: Optional[int] = None):
+    """:func:`iter_packed_batches` as one pyarrow Table (in memory)."""
+    pa = _pa()
+    batches = iter_packed_batches(columns, segments, position_ids=position_ids, max_chunk_tokens=max_chunk_tokens)
+    return pa.Table.from_batches(list(batches), schema=packed_schema(columns, position_ids=position_ids))

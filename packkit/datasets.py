@@ -10,6 +10,8 @@ what ``DataCollatorForLanguageModeling(padding_free=True)`` reads to restart ``p
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -93,7 +95,8 @@ def plan_rows(lengths: np.ndarray, seq_length: int, *, algorithm: Optional[str],
 
 def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, overlong: str = "error",
                  columns: Optional[Sequence[str]] = None, dp_size: int = 1, cost: CostSpec = "tokens",
-                 seed: Optional[int] = None, position_ids: bool = False, return_report: bool = False, **options):
+                 seed: Optional[int] = None, position_ids: bool = False, return_report: bool = False,
+                 keep_in_memory: Optional[bool] = None, cache_file_name: Optional[str] = None, **options):
     """Pack a whole tokenized dataset into rows of ``seq_length`` tokens with one global plan.
 
     Args:
@@ -113,6 +116,13 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
         seed: shuffle the order of rows (whole steps with ``dp_size > 1``); ``None`` keeps the plan's order.
         position_ids: also write ``position_ids`` (list<int64>, restarting at 0 in every segment).
         return_report: return ``(dataset, PackReport)`` instead of the dataset.
+        keep_in_memory, cache_file_name: where the packed rows go, as in ``Dataset.map``. By default a
+            dataset backed by Arrow files on disk (``load_from_disk``, ``load_dataset``) is packed into a new
+            cache file beside them (``cache-packkit-<fingerprint>.arrow``; a temporary directory when
+            ``datasets`` caching is disabled), written batch by batch and memory-mapped, so the packed copy
+            never has to fit in RAM; an in-memory dataset is packed in memory. ``keep_in_memory=True`` keeps
+            the output in memory; ``cache_file_name`` names the file. The file is written afresh on every
+            call (to a temporary name, then renamed): it is never read back as a cache.
 
     The report's summary (counts) is always in the output's ``info.description`` as JSON, after the
     prefix ``"packkit.pack_dataset: "``. Zero-length rows hold no tokens and are in no output row
@@ -120,6 +130,10 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
     """
     if type(dataset).__module__.startswith("ray.data"):
         from .ray_data import pack_ray_dataset
+
+        if keep_in_memory is not None or cache_file_name is not None:
+            raise TypeError("keep_in_memory and cache_file_name are for a datasets.Dataset; a ray.data.Dataset is "
+                            "packed into Ray blocks (write them out with the Ray Dataset's write_* methods)")
 
         return pack_ray_dataset(dataset, seq_length, algorithm=algorithm, overlong=overlong, columns=columns,
                                 dp_size=dp_size, cost=cost, seed=seed, position_ids=position_ids,
@@ -130,7 +144,8 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
         import datasets
     except ImportError:
         raise ImportError("pack_dataset needs the datasets library: pip install datasets") from None
-    from .arrow_packing import check_row_lengths, pack_table, select_columns, token_column
+    from .arrow_packing import (check_row_lengths, iter_packed_batches, pack_table, packed_schema, select_columns,
+                                token_column)
 
     if isinstance(dataset, datasets.DatasetDict):
         raise TypeError("pack_dataset takes one datasets.Dataset; pack each split of a DatasetDict separately")
@@ -140,6 +155,12 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
                            if isinstance(dataset, datasets.IterableDataset) else ""))
     seq_length = _as_count(seq_length, "seq_length")
     dp_size = _as_count(dp_size, "dp_size")
+    if keep_in_memory is not None and not isinstance(keep_in_memory, bool):
+        raise TypeError(f"keep_in_memory must be None, True or False, got {keep_in_memory!r}")
+    if cache_file_name is not None and not isinstance(cache_file_name, (str, os.PathLike)):
+        raise TypeError(f"cache_file_name must be a path, got {type(cache_file_name).__name__}")
+    if keep_in_memory and cache_file_name is not None:
+        raise ValueError("pass keep_in_memory=True or a cache_file_name, not both")
     if len(dataset) == 0:
         raise ValueError("the dataset is empty: there is nothing to pack")
     chosen = select_columns(dataset.column_names, columns)
@@ -150,19 +171,62 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
 
     p, segments, empty_removed = plan_rows(lengths, seq_length, algorithm=algorithm, overlong=overlong,
                                            dp_size=dp_size, cost=cost, seed=seed)
-    out = pack_table(cols, segments, position_ids=position_ids)
+    schema = packed_schema(cols, position_ids=position_ids)
     report = report_from_plan(p, lengths=lengths, seq_length=seq_length, columns=chosen, excluded=excluded,
-                              empty_removed=empty_removed, rows=out.num_rows)
+                              empty_removed=empty_removed, rows=len(segments.bin_offsets) - 1)
+    del p  # the plan's arrays beyond `segments` are not needed while packing
     info = datasets.DatasetInfo(description="packkit.pack_dataset: " + json.dumps(report.summary()),
-                                features=datasets.Features.from_arrow_schema(out.schema))
+                                features=datasets.Features.from_arrow_schema(schema))
     # An explicit fingerprint: otherwise datasets hashes every token of the new table (seconds per GB).
     params = [dataset._fingerprint, seq_length, algorithm, overlong, chosen, dp_size,
               cost if isinstance(cost, (str, tuple, list)) else repr(cost), seed, position_ids]
     fingerprint = datasets.fingerprint.Hasher.hash(["packkit.pack_dataset", *params])
+    if cache_file_name is None and not keep_in_memory and dataset.cache_files:
+        cache_file_name = _cache_file_path(datasets, dataset, fingerprint)
+    if cache_file_name is None:
+        out = pack_table(cols, segments, position_ids=position_ids)
+    else:
+        out = write_arrow_file(os.fspath(cache_file_name), schema,
+                               iter_packed_batches(cols, segments, position_ids=position_ids,
+                                                   max_chunk_tokens=DISK_CHUNK_TOKENS))
     result = datasets.Dataset(out, info=info, fingerprint=fingerprint)
     if dataset.format["type"] is not None:
         result = result.with_format(dataset.format["type"])
     return (result, report) if return_report else result
+
+
+# Tokens per record batch written to a cache file: the output held in memory at once (64 MiB of int32 ids).
+DISK_CHUNK_TOKENS = 1 << 24
+
+
+def _cache_file_path(datasets, dataset, fingerprint: str) -> str:
+    """Where ``Dataset.map`` would put this result: beside the input's files, or a temporary directory."""
+    if datasets.is_caching_enabled():
+        return os.path.join(os.path.dirname(dataset.cache_files[0]["filename"]), f"cache-packkit-{fingerprint}.arrow")
+    return os.path.join(datasets.fingerprint.get_temporary_cache_files_directory(),
+                        f"cache-packkit-{datasets.fingerprint.generate_random_fingerprint()}.arrow")
+
+
+def write_arrow_file(path: str, schema, batches):
+    """Writes ``batches`` as an Arrow IPC stream (the format of ``datasets`` cache files) to ``path``,
+    one batch at a time, and returns the file memory-mapped as a ``datasets`` table. The stream goes to
+    a temporary name first, so ``path`` never holds a partial file."""
+    import pyarrow as pa
+    from datasets.table import MemoryMappedTable
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f, pa.ipc.new_stream(f, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return MemoryMappedTable.from_file(path)
 
 
 def read_report(dataset) -> dict:

@@ -75,6 +75,8 @@ def test_errors_name_global_rows_and_return_nothing():
         packkit.pack_dataset(ray.data.from_arrow(parts[:1]), 0)
     with pytest.raises(ValueError, match="empty"):
         packkit.pack_dataset(ray.data.from_arrow(parts[:1]).filter(lambda r: False), 8)
+    with pytest.raises(TypeError, match="keep_in_memory and cache_file_name are for a datasets.Dataset"):
+        packkit.pack_dataset(ray.data.from_arrow(parts[:1]), 8, cache_file_name="x.arrow")
     text = ray.data.from_items([{"input_ids": [1, 2], "text": "a b"}])
     with pytest.raises(ValueError, match="column 'text' is not per-token"):
         packkit.pack_dataset(text, 8)
