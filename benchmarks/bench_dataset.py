@@ -17,24 +17,31 @@ plus everything packing needed; the target is ``rss_delta <= 2 x token bytes``. 
 repeats (the slow TRL runs fewer); each repeat drops the previous result first. The Ray row runs on a
 local cluster ``ray.init(num_cpus=<cores>)`` with the input in 16 blocks; its time is pack_dataset until
 every output block exists, and its RSS is the driver's only (tasks run in worker processes).
+The ``*_disk`` rows start from the same table saved with ``save_to_disk`` and loaded back with
+``load_from_disk`` (memory-mapped Arrow files, as ``load_dataset`` gives), with ``datasets`` caching off so
+every repeat writes its output afresh to a temporary cache file: ``rss_delta`` there is peak RSS minus the
+RSS after loading (nothing read yet), so it too counts the input tokens, which packing reads in full.
 Results: ``benchmarks/results/dataset_cpu.json``.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 SEQ_LENGTH = 4096
-SYSTEMS = ("packkit", "trl_bfd", "trl_bfd_split", "packkit_ray")
+SYSTEMS = ("packkit", "trl_bfd", "trl_bfd_split", "packkit_ray", "packkit_disk", "trl_bfd_disk")
 
 
 def rss_bytes() -> int:
@@ -80,30 +87,48 @@ def worker(system: str, n: int, repeats: int) -> dict:
         ray.data.DataContext.get_current().enable_progress_bars = False
     datasets.disable_progress_bars()
 
+    disk = system.endswith("_disk")
+    if disk:  # every repeat packs afresh into a temporary cache file (no cache hit on the second repeat)
+        datasets.disable_caching()
+
     def dataset(table):
+        if disk:  # saved, freed, and loaded back memory-mapped: the input is Arrow files, as from load_dataset
+            tmp = tempfile.mkdtemp(prefix="bench-dataset-")
+            atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+            path = os.path.join(tmp, "src")
+            datasets.Dataset(table, fingerprint=f"bench-{table.num_rows}").save_to_disk(path)
+            return datasets.load_from_disk(path)
         if system != "packkit_ray":
             return datasets.Dataset(table, fingerprint=f"bench-{table.num_rows}")  # else it hashes every token
         blocks = np.linspace(0, table.num_rows, 17).astype(int)
         return ray.data.from_arrow([table.slice(a, b - a) for a, b in zip(blocks[:-1], blocks[1:])])
 
     def run():
-        if system == "packkit":
+        if system in ("packkit", "packkit_disk"):
             return packkit.pack_dataset(data, SEQ_LENGTH)
         if system == "packkit_ray":
             out = packkit.pack_dataset(data, SEQ_LENGTH)
             out.count()  # every output block exists
             return out
-        return trl.pack_dataset(data, SEQ_LENGTH, strategy=system[len("trl_"):])
+        return trl.pack_dataset(data, SEQ_LENGTH, strategy=system[len("trl_"):].removesuffix("_disk"))
 
     data = dataset(build(500, seed=1)[0])
     run()  # warm-up on a tiny dataset: lazy imports and first-call setup are not the workload's memory
     del data
     gc.collect()
-    reset_peak_rss()
-    base = rss_bytes()
-    table, token_bytes, tokens = build(n)
-    data = dataset(table)
-    del table
+    if disk:  # the table is built, written and freed before the count starts: only the packing is measured
+        table, token_bytes, tokens = build(n)
+        data = dataset(table)
+        del table
+        gc.collect()
+        reset_peak_rss()
+        base = rss_bytes()
+    else:
+        reset_peak_rss()
+        base = rss_bytes()
+        table, token_bytes, tokens = build(n)
+        data = dataset(table)
+        del table
     times, out = [], None
     for _ in range(repeats):
         out = None

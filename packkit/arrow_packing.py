@@ -23,13 +23,25 @@ MAX_CHUNK_TOKENS = 1 << 28
 RESERVED = ("seq_lengths", "position_ids")
 
 
+# Tokens per output batch when a column has several Arrow chunks: each batch gathers its source rows
+# into one temporary array of about this size (64 MiB of int32 ids).
+GATHER_CHUNK_TOKENS = 1 << 24
+
+
 class TokenColumn(NamedTuple):
-    """One per-token list column as buffers: ``values[offsets[i]:offsets[i+1]]`` is row ``i``."""
+    """One per-token list column as buffers: ``values[offsets[i]:offsets[i+1]]`` is row ``i``.
+
+    A column in several Arrow chunks (datasets read from disk come in batches of rows) is not combined:
+    ``values`` is None, ``chunks`` holds the chunks, ``row_starts[c]`` is the first row of chunk ``c``,
+    ``offsets`` are the offsets the combined column would have (only its row lengths are read), and
+    :func:`pack_values` gathers just the rows each output batch needs."""
 
     name: str
     type: object  # the column's pyarrow list type (kept for the output)
-    values: np.ndarray  # 1-D, the column's value dtype (bool stays numpy bool)
+    values: Optional[np.ndarray]  # 1-D, the column's value dtype (bool stays numpy bool)
     offsets: np.ndarray  # int64 [rows + 1], absolute into ``values`` (need not start at 0)
+    chunks: tuple = ()
+    row_starts: Optional[np.ndarray] = None  # int64 [len(chunks) + 1]
 
 
 def _pa():
@@ -64,7 +76,7 @@ def select_columns(names: Sequence[str], columns: Optional[Sequence[str]]) -> li
 def token_column(name: str, column, *, row_offset: int = 0) -> TokenColumn:
     """Buffers of a list-of-integers column (pyarrow ChunkedArray or Array); raises on anything else.
 
-    One chunk: no copy. Several chunks are combined (one copy of this column's values).
+    No copy of the values: one chunk is viewed in place, several are kept as they are (see TokenColumn).
     ``row_offset`` only shifts the row numbers in error messages.
     """
     pa = _pa()
@@ -79,22 +91,33 @@ def token_column(name: str, column, *, row_offset: int = 0) -> TokenColumn:
     if not (pa.types.is_integer(value_type) or pa.types.is_boolean(value_type)):
         raise TypeError(f"column {name!r} holds {value_type}, not integers; packed columns must be lists of "
                         f"integers (or booleans) per row")
-    if isinstance(column, pa.ChunkedArray):
-        column = column.chunk(0) if column.num_chunks == 1 else (
-            pa.concat_arrays(column.chunks) if column.num_chunks else pa.array([], type=typ))
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if len(chunks) > 1:
+        row_starts = np.zeros(len(chunks) + 1, np.int64)
+        np.cumsum([len(c) for c in chunks], out=row_starts[1:])
+        lengths = [np.diff(_checked_offsets(name, c, row_offset + int(r0))) for c, r0 in zip(chunks, row_starts)]
+        offsets = np.zeros(int(row_starts[-1]) + 1, np.int64)
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+        return TokenColumn(name, typ, None, offsets, tuple(chunks), row_starts)
+    column = chunks[0] if chunks else pa.array([], type=typ)
+    offsets = _checked_offsets(name, column, row_offset)
+    if pa.types.is_boolean(value_type):
+        array = column.values.to_numpy(zero_copy_only=False)
+    else:
+        array = column.values.to_numpy(zero_copy_only=True)
+    return TokenColumn(name, typ, array, offsets)
+
+
+def _checked_offsets(name: str, column, row_offset: int) -> np.ndarray:
+    """int64 offsets of one list Array; raises if a row or a value inside the rows is null."""
     if column.null_count:
         row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
         raise ValueError(f"column {name!r}: row {row + row_offset} is null; packed columns need a list in every row")
     offsets = column.offsets.to_numpy().astype(np.int64, copy=False)
-    values = column.values
     lo, hi = (int(offsets[0]), int(offsets[-1])) if len(offsets) else (0, 0)
-    if values.slice(lo, hi - lo).null_count:
+    if column.values.slice(lo, hi - lo).null_count:
         raise ValueError(f"column {name!r} has null values inside its lists; packed columns must hold integers only")
-    if pa.types.is_boolean(value_type):
-        array = values.to_numpy(zero_copy_only=False)
-    else:
-        array = values.to_numpy(zero_copy_only=True)
-    return TokenColumn(name, typ, array, offsets)
+    return offsets
 
 
 def check_row_lengths(columns: Sequence[TokenColumn], *, row_offset: int = 0) -> np.ndarray:
@@ -121,6 +144,14 @@ def _as_tensor(array: np.ndarray) -> torch.Tensor:
 
 def pack_values(col: TokenColumn, seg_seq: np.ndarray, seg_start: np.ndarray, cu: np.ndarray) -> np.ndarray:
     """The segments' tokens of ``col`` one after another (``cu`` = int32 cumulative segment lengths)."""
+    if col.chunks:  # gather the rows these segments use from their chunks into one array, then pack that
+        rows, local_seq = np.unique(seg_seq, return_inverse=True)
+        which = np.searchsorted(col.row_starts, rows, side="right") - 1
+        cuts = np.flatnonzero(np.diff(which)) + 1
+        pieces = [col.chunks[int(which[a])].take(_pa().array(rows[a:b] - col.row_starts[int(which[a])]))
+                  for a, b in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(rows)])))]
+        gathered = token_column(col.name, _pa().concat_arrays(pieces) if pieces else _pa().array([], type=col.type))
+        return pack_values(gathered, local_seq.astype(np.int64).reshape(-1), seg_start, cu)
     total = int(cu[-1])
     num = len(seg_seq)
     out = torch.ops.packkit.pack(_as_tensor(col.values), _as_tensor(col.offsets), _as_tensor(seg_seq),
@@ -159,6 +190,8 @@ def iter_packed_batches(columns: Sequence[TokenColumn], segments: Segments, *, p
     writes each one out holds one batch of output, not the whole table."""
     pa = _pa()
     max_chunk_tokens = MAX_CHUNK_TOKENS if max_chunk_tokens is None else max_chunk_tokens
+    if any(c.chunks for c in columns):
+        max_chunk_tokens = min(max_chunk_tokens, GATHER_CHUNK_TOKENS)
     schema = packed_schema(columns, position_ids=position_ids)
     seg_seq, seg_start, seg_length, bin_offsets = (np.ascontiguousarray(a, dtype=np.int64) for a in segments)
     cum_seg = np.concatenate(([0], np.cumsum(seg_length)))

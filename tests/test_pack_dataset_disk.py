@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import packkit
 from test_pack_dataset import check_packed, source
@@ -105,3 +107,24 @@ def test_bad_output_options(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         packkit.pack_dataset(source(LENGTHS), SEQ_LENGTH, overlong="split", **kwargs)
 
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(0, 30), min_size=1, max_size=80), cuts=st.lists(st.integers(0, 80), max_size=12),
+       batch_tokens=st.sampled_from([None, 5, 40]), overlong=st.sampled_from(["split", "truncate", "drop"]))
+def test_a_column_in_many_chunks_is_gathered_per_batch_not_combined(lengths, cuts, batch_tokens, overlong):
+    # Arrow chunks (empty ones included) at arbitrary row cuts; every column is gathered per output batch
+    # from its chunks and must give the rows the same table in one chunk gives.
+    whole = source(lengths).data.table
+    bounds = sorted({0, len(lengths), *(min(c, len(lengths)) for c in cuts)}) + [len(lengths)]
+    chunked = pa.Table.from_batches([b for a, z in zip(bounds[:-1], bounds[1:]) for b in whole.slice(a, z - a).to_batches()]
+                                    or whole.to_batches(), schema=whole.schema)
+    col = arrow_packing.token_column("input_ids", chunked.column("input_ids"))
+    assert (col.values is None) == (chunked.column("input_ids").num_chunks > 1)
+    with pytest.MonkeyPatch.context() as mp:
+        if batch_tokens is not None:
+            mp.setattr(arrow_packing, "GATHER_CHUNK_TOKENS", batch_tokens)
+        out = packkit.pack_dataset(datasets.Dataset(chunked), 24, overlong=overlong)
+    same_rows(out, packkit.pack_dataset(datasets.Dataset(whole.combine_chunks()), 24, overlong=overlong))
+    check_packed(out, lengths, 24, overlong)
+    np.testing.assert_array_equal(col.offsets, np.concatenate(([0], np.cumsum(lengths))))
