@@ -195,8 +195,8 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
     return (result, report) if return_report else result
 
 
-# Tokens per record batch written to a cache file: the output held in memory at once (64 MiB of int32 ids).
-DISK_CHUNK_TOKENS = 1 << 24
+# Tokens per record batch written to a cache file: the output held in memory at once (16 MiB of int32 ids).
+DISK_CHUNK_TOKENS = 1 << 22
 
 
 def _cache_file_path(datasets, dataset, fingerprint: str) -> str:
@@ -221,6 +221,8 @@ def write_arrow_file(path: str, schema, batches):
         with os.fdopen(fd, "wb") as f, pa.ipc.new_stream(f, schema) as writer:
             for batch in batches:
                 writer.write_batch(batch)
+                del batch
+                pa.default_memory_pool().release_unused()  # else the pool keeps every freed batch's pages
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
