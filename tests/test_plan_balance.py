@@ -15,9 +15,9 @@ from plan_checks import check_plan
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def seed001_like(n=100_000):
-    """Input (b) of benchmarks/bench_plan.py: lognormal, median 864, sigma 0.932, <= 20000."""
-    rng = np.random.default_rng(1)
+def seed001_like(n=100_000, seed=1):
+    """Input (b) of benchmarks/bench_plan.py (seed 1): lognormal, median 864, sigma 0.932, <= 20000."""
+    rng = np.random.default_rng(seed)
     lengths = np.maximum(np.round(np.exp(rng.normal(np.log(864), 0.932, n))).astype(np.int64), 1)
     return lengths[lengths <= 20000]
 
@@ -99,8 +99,11 @@ def test_big_inputs_use_two_threads_and_stay_exact():
     assert p1.num_bins - p1.empty_bins <= packkit.plan(lengths, 16384).num_bins + 8
 
 
-def test_seed001_like_per_step_balance():
-    lengths = seed001_like()
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_seed001_like_per_step_balance(seed):
+    # Seeds 0, 2 and 3 gave 1.0019-1.0021 while the heavy-tail layout was all or nothing (one or two rows
+    # over the allowed obfd + dp_size); now it takes fewer heavy steps until it fits.
+    lengths = seed001_like(seed=seed)
     plan = packkit.plan(lengths, 20000, algorithm="ogbfd", dp_size=8, cost="attention")
     check_plan(lengths, 20000, plan)
     assert plan.num_bins - plan.empty_bins <= packkit.plan(lengths, 20000).num_bins + 8

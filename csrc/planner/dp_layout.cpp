@@ -284,8 +284,18 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
     grouped_ok = empty_rows_last(grouped, dp, max_rows);
     if (grouped_ok) polish(grouped, lengths, costs, capacity, dp, max_rows);
     grouped_ok = grouped_ok && empty_rows_last(grouped, dp, max_rows);  // moves may fill empty rows
-    heavy = heavy_steps_first(lengths, n, costs, capacity, dp_size);
-    heavy_ok = !heavy.empty() && empty_rows_last(heavy, dp, max_rows);
+    // Each heavy step's leading row takes short items that best fit would use to close gaps, so many
+    // heavy steps can cost a row or two over max_rows: then fewer heavy steps (their items join the
+    // bulk), the most that fit. The first steps hold nearly all of the gain.
+    size_t limit = SIZE_MAX;
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      size_t used = 0;
+      heavy = heavy_steps_first(lengths, n, costs, capacity, dp_size, limit, &used);
+      if (heavy.empty()) break;
+      heavy_ok = empty_rows_last(heavy, dp, max_rows);
+      if (heavy_ok || used <= 1) break;
+      limit = used * 3 / 4;
+    }
     if (heavy_ok) polish(heavy, lengths, costs, capacity, dp, max_rows);
     heavy_ok = heavy_ok && empty_rows_last(heavy, dp, max_rows);
   };

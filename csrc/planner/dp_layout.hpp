@@ -1,6 +1,8 @@
 // Lays bins out step-major for data parallelism: slot s*dp_size + r is rank r's row at step s,
 // and every step has exactly dp_size slots (the last step is padded with empty bins).
 #pragma once
+#include <cstdint>
+
 #include "plan_types.hpp"
 
 namespace packkit {
@@ -27,10 +29,11 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
 Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
                      int64_t dp_size, bool tight_small = false, const CostModel* length_cost = nullptr);
 
-// The heavy tail first: items longer than capacity/2, sorted, dp per step; each step's leading
-// row takes the shortest items and the others fillers up to the leading row's cost; the rest by
-// group_best_fit. Empty when it does not apply (too few long items, costs not monotone in length).
+// The heavy tail first: items longer than capacity/2, sorted, dp per step (at most max_heavy_steps
+// such steps; how many were made goes to *heavy_steps_made); each step's leading row takes the
+// shortest items and the others fillers up to the leading row's cost; the rest by group_best_fit.
+// Empty when it does not apply (too few long items, costs not monotone in length).
 Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
-                        int64_t dp_size);
+                        int64_t dp_size, size_t max_heavy_steps = SIZE_MAX, size_t* heavy_steps_made = nullptr);
 
 }  // namespace packkit

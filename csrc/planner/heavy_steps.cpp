@@ -63,7 +63,7 @@ class Pool {
 }  // namespace
 
 Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
-                        int64_t dp_size) {
+                        int64_t dp_size, size_t max_heavy_steps, size_t* heavy_steps_made) {
   const size_t dp = static_cast<size_t>(dp_size);
   if (capacity > std::max<int64_t>(int64_t{1} << 22, 8 * n)) return {};  // per-length tables too large
   // Costs must not fall as length grows: the filler search walks lengths down to lower the cost.
@@ -83,8 +83,10 @@ Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<dou
   std::vector<int32_t> big, other;
   for (int64_t i = 0; i < n; ++i) (2 * lengths[i] > capacity ? big : other).push_back(static_cast<int32_t>(i));
   std::stable_sort(big.begin(), big.end(), [&](int32_t x, int32_t y) { return lengths[x] > lengths[y]; });
-  const size_t heavy = big.size() / dp;  // full heavy steps; the remaining big items go to the bulk
+  // Full heavy steps (at most max_heavy_steps); the remaining big items go to the bulk.
+  const size_t heavy = std::min(big.size() / dp, max_heavy_steps);
   if (heavy == 0 || other.empty()) return {};
+  if (heavy_steps_made) *heavy_steps_made = heavy;
   for (size_t k = heavy * dp; k < big.size(); ++k) other.push_back(big[k]);
   std::sort(other.begin(), other.end());
   Pool pool(lengths, other, capacity);
