@@ -73,14 +73,14 @@ def test_fifo_swapped_in_after_the_check_does_not_block(tmp_path, deadline):
             pass
 
 
-GZ = gzip.compress(b"".join(b'{"n": %d}\n' % (i % 9 + 1) for i in range(2000)))
+GZ = gzip.compress(b"".join(b'{"n": %d}\n' % (i % 9 + 1) for i in range(2000)), mtime=0)  # mtime=0: the same test ids in every pytest-xdist worker
 
 
 @pytest.mark.parametrize("name,content,args", [
     ("t.jsonl.gz", GZ[: len(GZ) // 2], ["--length-field", "n"]),
     ("t.jsonl.gz", GZ[:-4], ["--length-field", "n"]),  # only the trailer missing
-    ("t.txt.gz", gzip.compress(b"3\n" * 5000)[:40], []),
-    ("t.json.gz", gzip.compress(json.dumps([{"n": 3}] * 500).encode())[:30], ["--length-field", "n"]),
+    ("t.txt.gz", gzip.compress(b"3\n" * 5000, mtime=0)[:40], []),
+    ("t.json.gz", gzip.compress(json.dumps([{"n": 3}] * 500).encode(), mtime=0)[:30], ["--length-field", "n"]),
 ])
 def test_truncated_gzip(tmp_path, capsys, name, content, args):
     path = tmp_path / name
