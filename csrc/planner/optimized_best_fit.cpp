@@ -13,7 +13,6 @@ namespace {
 bool dense_is_cheaper(int64_t capacity, int64_t n) {
   return capacity <= std::max<int64_t>(int64_t{1} << 22, 8 * n);
 }
-
 }  // namespace
 
 BinAssignment optimized_best_fit(const int64_t* lengths, int64_t n, int64_t capacity) {

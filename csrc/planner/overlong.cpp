@@ -27,7 +27,7 @@ Items make_items(const int64_t* lengths, int64_t n, int64_t capacity, OverlongPo
   if (capacity <= 0) throw InvalidInput("capacity must be > 0, got " + std::to_string(capacity));
   if (n < 0) throw InvalidInput("number of lengths must be >= 0");
 
-  // The common case in one branch-free (vectorised) pass: every length in [1, capacity], so the
+  // The common case in one branch-free pass: every length in [1, capacity], so the
   // sequences are the items. The sum wraps harmlessly in uint64; it is exact when max * n fits.
   {
     int64_t lo = INT64_MAX, hi = 0;

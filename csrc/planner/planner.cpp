@@ -106,24 +106,21 @@ void emit_bins(PlanResult& plan, const Items& items, const BinAssignment& bins, 
       c.cost += item_cost(k, len);
       key[c.at++] = static_cast<uint64_t>(bins.order[k]) << 32 | static_cast<uint64_t>(len);
     });
-    auto finish_rows = [&](size_t b0, size_t b1) {
-      for (size_t b = b0; b < b1; ++b) {
-        plan.rank_costs[b] = cursor[b].cost;
-        const int64_t lo = plan.bin_offsets[b], hi = plan.bin_offsets[b + 1];
-        for (int64_t a = lo + 1; a < hi; ++a) {  // insertion sort: rows hold few segments
-          const uint64_t v = key[a];
-          int64_t j = a;
-          for (; j > lo && key[j - 1] > v; --j) key[j] = key[j - 1];
-          key[j] = v;
-        }
-        for (int64_t a = lo; a < hi; ++a) {
-          const uint64_t v = key[a];
-          plan.seg_length[static_cast<size_t>(a)] = static_cast<int64_t>(v & 0xffffffffu);
-          plan.seg_seq[static_cast<size_t>(a)] = static_cast<int64_t>(v >> 32);
-        }
+    for (size_t b = 0; b < num_bins; ++b) {
+      plan.rank_costs[b] = cursor[b].cost;
+      const int64_t lo = plan.bin_offsets[b], hi = plan.bin_offsets[b + 1];
+      for (int64_t a = lo + 1; a < hi; ++a) {  // insertion sort: rows hold few segments
+        const uint64_t v = key[a];
+        int64_t j = a;
+        for (; j > lo && key[j - 1] > v; --j) key[j] = key[j - 1];
+        key[j] = v;
       }
-    };
-    finish_rows(0, num_bins);
+      for (int64_t a = lo; a < hi; ++a) {
+        const uint64_t v = key[a];
+        plan.seg_length[static_cast<size_t>(a)] = static_cast<int64_t>(v & 0xffffffffu);
+        plan.seg_seq[static_cast<size_t>(a)] = static_cast<int64_t>(v >> 32);
+      }
+    }
     if (starts) std::fill(plan.seg_start.begin(), plan.seg_start.end(), 0);
     return;
   }
