@@ -82,6 +82,11 @@ def item_costs(lengths: np.ndarray, cost) -> tuple:
     """``(per-item float64 costs, spec for packkit.plan)`` for a cost: ``"tokens"``, ``"attention"``, ``(a, b)``,
     a transformers config, or a callable on lengths (numpy int64 array or torch tensor, e.g. verl's
     ``calculate_workload``), evaluated once, vectorised."""
+    if isinstance(cost, np.ndarray):  # explicit per-item costs (e.g. summed over forced groups)
+        values = np.asarray(cost, np.float64).reshape(-1)
+        if values.shape != lengths.shape or not np.all(np.isfinite(values)) or (values < 0).any():
+            raise ValueError(f"a cost array must hold one finite cost >= 0 per sequence ({len(lengths)})")
+        return values, None
     if isinstance(cost, str) or isinstance(cost, (tuple, list)) or hasattr(cost, "hidden_size") \
             or hasattr(cost, "text_config"):
         from ..planning.planner import _cost_model
@@ -200,7 +205,9 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
         k = max(k, minimum, 1)
         return -(-k // divisor) * divisor
 
-    if not equal_count:
+    if not equal_count and spec is None:  # per-item costs: no cost model for the planner
+        k = rounded(-(-token_bound // dp_size))
+    elif not equal_count:
         planned = make_plan(lengths, max_tokens, algorithm="ogbfd", dp_size=dp_size, cost=spec)
         steps = planned.num_steps
         if rounded(steps) == steps or n == 0:
@@ -211,6 +218,7 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
             _place_zero_length(indices, planned.zero_length)
             return MicroBatches(indices, lengths, costs, max_tokens, dp_size, token_bound, "ogbfd")
         k = rounded(steps)
+    if not equal_count:
         while True:  # more micro-batches than the plan needs: spread the items over all of them
             bins = _capped_lpt(order, lengths, costs, k * dp_size, max_tokens)
             if bins is not None:
