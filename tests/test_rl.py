@@ -160,3 +160,10 @@ def test_pack_rollouts_every_micro_batch_once():
             assert batch["input_ids"].shape[1] <= 40
             seen[torch.from_numpy(part)] += rl.unpack_rollouts(batch["input_ids"], info).to(seen.dtype)
     assert torch.equal(seen, ids)
+
+
+def test_unpack_rollouts_gradient():
+    ids, mask = rollouts(seed=5)
+    batch, info = rl.pack_rollouts(ids, mask, [3, 0, 2, 8], row_len=60)
+    values = torch.randn(1, 60, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: rl.unpack_rollouts(v, info, fill=1.5), (values,))

@@ -178,5 +178,24 @@ def unpack_rollouts(values: torch.Tensor, info: RolloutInfo, *, fill: float = 0.
     if values.device != info.cu_seqlens.device:
         raise ValueError(f"values are on {values.device} but the micro-batch was packed on {info.cu_seqlens.device}")
     which = _backend_for(values.device, backend)
-    return _op("unpack_padded", which)(values.contiguous(), info.local_seq, info.seg_start, info.cu_seqlens,
-                                       info.cu_seg, True, len(info.indices), info.seq_len, float(fill))
+    return _Unpack.apply(values.contiguous(), info, float(fill), which)
+
+
+class _Unpack(torch.autograd.Function):
+    """unpack_padded forward; its gradient is a pack of the output gradient (padding gets none)."""
+
+    @staticmethod
+    def forward(ctx, values, info, fill, which):
+        ctx.info, ctx.which = info, which
+        return _op("unpack_padded", which)(values, info.local_seq, info.seg_start, info.cu_seqlens, info.cu_seg, True,
+                                           len(info.indices), info.seq_len, fill)
+
+    @staticmethod
+    def backward(ctx, grad):
+        info, k, s = ctx.info, len(ctx.info.indices), ctx.info.seq_len
+        offsets = torch.arange(0, (k + 1) * s, s, dtype=torch.int64, device=grad.device)[:k + 1] if s else \
+            torch.zeros(k + 1, dtype=torch.int64, device=grad.device)
+        flat = grad.contiguous().reshape(k * s, *grad.shape[2:])
+        packed = _op("pack", ctx.which)(flat, offsets, info.local_seq, info.seg_start, info.cu_seqlens, info.cu_seg, 1,
+                                        info.layout.row_len, True, 0.0, None)
+        return packed, None, None, None
