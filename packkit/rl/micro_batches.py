@@ -212,7 +212,7 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
         steps = planned.num_steps
         if rounded(steps) == steps or n == 0:
             bins = planned.bins
-            indices = [[np.asarray(bins[s * dp_size + r], np.int64) for s in range(steps)] for r in range(dp_size)]
+            indices = [[np.array(bins[s * dp_size + r], np.int64) for s in range(steps)] for r in range(dp_size)]
             if steps == 0:
                 indices = [[np.zeros(0, np.int64)] * rounded(0) for _ in range(dp_size)]
             _place_zero_length(indices, planned.zero_length)
