@@ -216,6 +216,7 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
             if steps == 0:
                 indices = [[np.zeros(0, np.int64)] * rounded(0) for _ in range(dp_size)]
             _place_zero_length(indices, planned.zero_length)
+            _refine_steps(indices, lengths, costs, max_tokens, moves=True)
             return MicroBatches(indices, lengths, costs, max_tokens, dp_size, token_bound, "ogbfd")
         k = rounded(steps)
     if not equal_count:
@@ -243,6 +244,7 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
         if len(per_rank) == dp_size:
             break
         k = rounded(k + 1)
+    _refine_steps(per_rank, lengths, costs, max_tokens, moves=False)
     return MicroBatches(per_rank, lengths, costs, max_tokens, dp_size, token_bound, "lpt")
 
 
@@ -263,3 +265,54 @@ def _place_zero_length(indices, zero_length):
         if items:
             r, s = flat[j]
             indices[r][s] = np.sort(np.concatenate((indices[r][s], np.asarray(items, np.int64))))
+
+
+def _refine_steps(indices, lengths, costs, max_tokens, *, moves: bool, rounds: int = 24):
+    """Local search inside each step: move (``moves=True``) or swap items between the step's costliest and
+    cheapest ranks when that lowers the step's maximum and keeps both within ``max_tokens``. Swaps keep every
+    rank's sequence count (equal_count). In place, deterministic."""
+    dp = len(indices)
+    if dp < 2:
+        return
+    for s in range(len(indices[0])):
+        parts = [indices[r][s] for r in range(dp)]
+        load = np.array([costs[p].sum() for p in parts])
+        tok = np.array([lengths[p].sum() for p in parts], np.int64)
+        for _ in range(rounds):
+            hi, lo = int(np.argmax(load)), int(np.argmin(load))
+            gap = load[hi] - load[lo]
+            if gap <= 0 or not len(parts[hi]):
+                break
+            a, b = parts[hi], parts[lo]
+            best, best_gain = None, 0.0
+            if moves:  # move item i from hi to lo: new max of the pair = max(load_hi - c, load_lo + c)
+                c = costs[a]
+                ok = tok[lo] + lengths[a] <= max_tokens
+                gain = np.where(ok, np.minimum(c, gap - c), -1.0)
+                j = int(np.argmax(gain)) if len(gain) else 0
+                if len(gain) and gain[j] > best_gain:
+                    best, best_gain = ("move", j), float(gain[j])
+            if len(b):  # swap i (hi) with k (lo): the pair's max drops by min(d, gap - d), d = c_i - c_k
+                d = costs[a][:, None] - costs[b][None, :]
+                dl = lengths[a][:, None] - lengths[b][None, :]
+                ok = (tok[lo] + dl <= max_tokens) & (tok[hi] - dl <= max_tokens)
+                gain = np.where(ok, np.minimum(d, gap - d), -1.0)
+                j = int(np.argmax(gain))
+                if gain.flat[j] > best_gain:
+                    best, best_gain = ("swap", divmod(j, len(b))), float(gain.flat[j])
+            if best is None or best_gain <= gap * 1e-9:
+                break
+            if best[0] == "move":
+                i = best[1]
+                item = a[i]
+                parts[hi], parts[lo] = np.delete(a, i), np.sort(np.append(b, item))
+                load[hi] -= costs[item]; load[lo] += costs[item]
+                tok[hi] -= lengths[item]; tok[lo] += lengths[item]
+            else:
+                i, k = best[1]
+                x, y = a[i], b[k]
+                parts[hi], parts[lo] = np.sort(np.append(np.delete(a, i), y)), np.sort(np.append(np.delete(b, k), x))
+                load[hi] += costs[y] - costs[x]; load[lo] += costs[x] - costs[y]
+                tok[hi] += lengths[y] - lengths[x]; tok[lo] += lengths[x] - lengths[y]
+        for r in range(dp):
+            indices[r][s] = parts[r]
