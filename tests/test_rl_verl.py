@@ -91,3 +91,13 @@ def test_balance_batch_plans_every_rank_and_dispatch_follows_it():
         tokens = sorted(int(chunk.batch["attention_mask"][p].sum()) for p in idx)
         assert tokens == sorted(plan.tokens[:, rank].tolist())  # the rank's micro-batches are the global plan's
     assert len(set(counts)) == 1 == len({plan.num_micro_batches} | set(counts))
+
+
+def test_recorded_plan_is_ignored_when_it_breaks_this_cap():
+    from verl import DataProto
+
+    data = DataProto.from_dict(tensors=dict(make_batch(32, seed=4).items()))
+    pv.balance_batch(data, 2, 8192)
+    chunk = data.chunk(2)[0]
+    micro, idx = pv.rearrange_micro_batches(chunk.batch, 4096)  # a smaller cap than the plan's: re-planned
+    check(chunk.batch, micro, idx, 4096)

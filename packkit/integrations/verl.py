@@ -83,7 +83,8 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     if PLAN_KEY in batch.keys() and force_group_size == 1 and not sync:
         parts = _from_plan(batch[PLAN_KEY].cpu().numpy().astype(np.int64))
         if parts is not None and (len(parts) < (min_num_micro_batch or 1)
-                                  or (num_batches_divided_by and len(parts) % num_batches_divided_by)):
+                                  or (num_batches_divided_by and len(parts) % num_batches_divided_by)
+                                  or max(int(lengths[p].sum()) for p in parts) > max_token_len):  # another cap
             parts = None
     if parts is None:
         g = force_group_size
