@@ -217,7 +217,12 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
                 indices = [[np.zeros(0, np.int64)] * rounded(0) for _ in range(dp_size)]
             _place_zero_length(indices, planned.zero_length)
             _refine_steps(indices, lengths, costs, max_tokens, moves=True)
-            return MicroBatches(indices, lengths, costs, max_tokens, dp_size, token_bound, "ogbfd")
+            best = MicroBatches(indices, lengths, costs, max_tokens, dp_size, token_bound, "ogbfd")
+            if dp_size > 1 and n >= dp_size and best.balance > 1.0005:  # the other layout may balance better
+                other = _rank_lpt(order, lengths, costs, max_tokens, dp_size, token_bound, rounded)
+                if (other.num_micro_batches, other.balance) < (best.num_micro_batches, best.balance):
+                    best = other
+            return best
         k = rounded(steps)
     if not equal_count:
         while True:  # more micro-batches than the plan needs: spread the items over all of them
@@ -229,6 +234,13 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
         indices = [[np.asarray(b, np.int64) for b in rank] for rank in indices]
         return MicroBatches(indices, lengths, costs, max_tokens, dp_size, token_bound, "lpt")
 
+    return _rank_lpt(order, lengths, costs, max_tokens, dp_size, token_bound, rounded)
+
+
+def _rank_lpt(order, lengths, costs, max_tokens, dp_size, token_bound, rounded):
+    """Equal-count ranks (rounds of dp_size items), then each rank's items into the same number of micro-batches
+    by capped LPT, micro-batch k of every rank the k-th costliest; then the in-step local search (swaps only)."""
+    n = len(lengths)
     ranks = _ranks_equal_count(order, lengths, costs, dp_size)
     rank_tokens = max(int(lengths[r].sum()) for r in ranks) if n else 0
     k = rounded(-(-rank_tokens // max_tokens))
