@@ -150,7 +150,7 @@ def gpu_rows(quick):
     dev = torch.device("cuda")
     B, P, R, cap = 512, 1024, 7168, 65536
     lengths = rollout_lengths(B, cap // 8)
-    prompt = np.minimum(lengths, P) if False else np.random.default_rng(1).integers(100, P + 1, B)
+    prompt = np.random.default_rng(1).integers(100, P + 1, B)
     response = np.clip(lengths - prompt, 1, R)
     cols = torch.arange(P + R)
     mask = ((cols >= torch.from_numpy(P - prompt)[:, None]) & (cols < torch.from_numpy(P + response)[:, None])).long()
