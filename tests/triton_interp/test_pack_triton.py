@@ -31,6 +31,7 @@ from pack_reference import (  # noqa: E402
     reference_unpack,
     reference_unpack_padded,
 )
+from packkit.triton_kernels import common, unpack  # noqa: E402
 from packkit.triton_kernels import pack as tk  # noqa: E402
 
 I64, I32 = torch.int64, torch.int32
@@ -431,7 +432,7 @@ def test_memory_checker_catches_out_of_bounds():
 
     out = torch.zeros(4, dtype=torch.int64)
     with pytest.raises(Exception, match="out-of-bounds store") as info:
-        tk._fill_kernel[(1,)](out, 8, 1, 0, WORDS=1, BLOCK=8)
+        unpack._fill_kernel[(1,)](out, 8, 1, 0, WORDS=1, BLOCK=8)
     assert isinstance(info.value, MemoryViolation) or isinstance(info.value.__cause__, MemoryViolation)
 
 
@@ -516,7 +517,7 @@ def test_bad_arguments(name):
 
 def test_cpu_tensors_need_the_interpreter(monkeypatch):
     p, src, _, _ = _valid()
-    monkeypatch.setattr(tk, "_interpreting", lambda: False)
+    monkeypatch.setattr(common, "_interpreting", lambda: False)
     with pytest.raises(ValueError, match="CPU tensor"):
         tk.layout(p.seg_length, p.bin_offsets, p.num_rows, p.row_len, False, p.num_cu)
 
