@@ -41,20 +41,21 @@ config = st.fixed_dictionaries({
     "max_carries": st.sampled_from([0, 1, 8]),
     "form": st.sampled_from(FORMS),
     "labels": st.booleans(),
+    "mask_first_label": st.booleans(),  # False was untested (audit, issue 27)
 })
 
 
 def build(cfg, **extra):
     src = source_of(cfg["seed"], cfg["n"], max(1, int(cfg["capacity"] * cfg["long"])), cfg["form"], cfg["labels"])
     kwargs = {k: cfg[k] for k in ("buffer_size", "rows_per_item", "layout", "overlong", "algorithm",
-                                  "carry_threshold", "max_carries")}
+                                  "carry_threshold", "max_carries", "mask_first_label")}
     kwargs["max_carry"] = min(cfg["buffer_size"] - 1, cfg["buffer_size"] // 2)
     return src, PackedIterableDataset(src, cfg["capacity"], return_example_ids=True, **{**kwargs, **extra})
 
 
 def check(cfg, items, src, **kw):
     return check_items(items, src, cfg["capacity"], overlong=cfg["overlong"], layout=cfg["layout"],
-                       rows_per_item=cfg["rows_per_item"], **kw)
+                       rows_per_item=cfg["rows_per_item"], mask_first_label=cfg.get("mask_first_label", True), **kw)
 
 
 @settings(max_examples=60, deadline=None)
