@@ -112,7 +112,13 @@ def test_single_process_defaults():
 def test_empty_dataset():
     s = PackedBatchSampler([], 10, rank=1, world_size=2)
     assert len(s) == 0 and list(s) == [] and s.balance == 1.0
-    s.load_state_dict(s.state_dict())
+    state = s.state_dict()
+    assert state["steps_done"] == 0 and state["epoch"] == 0
+    fresh = PackedBatchSampler([], 10, rank=1, world_size=2)
+    fresh.load_state_dict(json.loads(json.dumps(state)))
+    assert fresh.state_dict() == state and list(fresh) == [] and len(fresh) == 0
+    with pytest.raises(ValueError, match="state does not match"):  # the round trip really compares
+        PackedBatchSampler([], 20, rank=1, world_size=2).load_state_dict(state)
 
 
 # -- the last step -------------------------------------------------------------------------------
