@@ -224,3 +224,14 @@ def test_dataloader_worker_ring_size_contract():
     # 3 buffers (the README's "3 was shown to corrupt"): batch i + 2 overwrites held i - 1 (1 <= i <= 21).
     assert _held_batches_corrupted(2) == 22 + 22
     assert _held_batches_corrupted(3) == 21
+
+
+def test_growing_batches_reallocate_geometrically():
+    """A buffer that must grow takes 25% headroom, so batches growing a little each call do not reallocate every
+    call (kills the mutmut survivor that always allocated exactly the size asked; docs/mutation.md)."""
+    buffers = PackBuffers(1)
+    for n in range(40, 80):
+        packkit.pack_sequences([list(range(1, n + 1))], out=buffers)
+    # The 4 token outputs grow 40 -> 50 -> 62 -> 77 -> 96 (5 allocations each, not 40); cu_seqlens and cu_seg
+    # keep their size (one sequence, no padding): 1 each.
+    assert buffers.allocations == 4 * 5 + 2, buffers.allocations

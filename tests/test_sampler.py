@@ -250,8 +250,9 @@ def test_state_mismatch_raises():
                      (dict(seed=1), "seed"), (dict(cost="tokens"), "cost"), (dict(shuffle=False), "shuffle")):
         args = dict(capacity=8192, rank=0, world_size=2) | kw
         capacity = args.pop("capacity")
-        with pytest.raises(ValueError, match=f"state does not match.*{what}"):
+        with pytest.raises(ValueError, match=f"state does not match.*{what}: saved ") as err:
             PackedBatchSampler(lengths, capacity, **args).load_state_dict(state)
+        assert "saved None" not in str(err.value)  # the saved value is named, not lost
     changed = lengths.copy()
     changed[0] += 1
     with pytest.raises(ValueError, match="lengths_digest"):

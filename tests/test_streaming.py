@@ -454,3 +454,19 @@ def test_matches_tokenized_hf_pipeline():
     check_items(items, [{"input_ids": r["input_ids"]} for r in rows], 128)
     assert "attention_mask" not in items[0] and "text" not in items[0]
     assert all(isinstance(as_array(item["input_ids"]), np.ndarray) for item in items)
+
+
+def test_set_epoch_mid_pass_keeps_or_resets_the_resume_point():
+    """set_epoch to the pass's own epoch keeps where it stands; another epoch starts that epoch from its first
+    example (kills a mutmut survivor that swapped the two; docs/mutation.md)."""
+    examples = make_examples(3, 40, 30)
+    ds = PackedIterableDataset(examples, 32, buffer_size=8)
+    it = iter(ds)
+    next(it), next(it)
+    mid = ds.state_dict()
+    assert mid["epoch"] == 0 and mid["next_position"] > 0
+    ds.set_epoch(0)
+    assert ds.state_dict() == mid
+    ds.set_epoch(3)
+    fresh = ds.state_dict()
+    assert fresh["epoch"] == 3 and fresh["next_position"] == 0
