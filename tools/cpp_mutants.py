@@ -6,7 +6,8 @@ CMakeLists.txt to a temporary folder, builds ``_planner`` and ``_ops`` there onc
 build folder; the source tree and its editable install are never touched), checks that every test selection
 passes on the unmutated build, then applies one mutant at a time (the snippet must occur exactly once), rebuilds
 incrementally (one translation unit + link) and runs its tests against that build. A mutant is killed when its
-tests fail (pytest exit 1); a build error or a collection error is reported as an error, never as a kill.
+tests fail (pytest exit 1) or crash the test process (a signal, e.g. SIGSEGV from a planner writing past its
+arrays); a build error or a collection error (pytest exit 2-5) is reported as an error, never as a kill.
 
 The tests import the staged build the way tests/sanitize/run.sh does: ``python -S -P`` (no .pth, so the
 editable install's import redirect is off) with PYTHONPATH = staged packkit (Python sources linked from the tree,
@@ -161,7 +162,9 @@ def main() -> int:
                     out = tests(selection)
                     failed = [line.split(" - ")[0] for line in out.stdout.splitlines() if line.startswith("FAILED")]
                     status = {0: "SURVIVED", 1: "killed"}.get(out.returncode, f"error: pytest exit {out.returncode}")
-                    detail = ", ".join(failed) or out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+                    if out.returncode < 0:  # the test process died of a signal (a crash fails CI too)
+                        status, failed = "killed", failed + [f"pytest killed by signal {-out.returncode}"]
+                    detail = ", ".join(failed) or (out.stdout.strip().splitlines() or [""])[-1]
             finally:
                 target.write_text(text)
             results.append((name, status, detail))
