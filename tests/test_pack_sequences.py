@@ -270,3 +270,14 @@ def test_backend_choice_for_cuda_devices_without_a_gpu(monkeypatch, has_cuda_ker
         _backend_for(torch.device("meta"), "auto")
     with pytest.raises(ValueError, match="unknown backend"):
         _backend_for(cuda, "tpu")
+
+
+def test_pack_on_device_passes_overlong_on():
+    """pack_on_device works on CPU tensors too; its overlong= reaches the planner (kills a mutmut survivor that
+    dropped it; docs/mutation.md)."""
+    ids = torch.arange(1, 31)
+    batch, info = packkit.pack_on_device(ids, torch.tensor([20, 10]), 12, overlong="split")
+    assert batch["input_ids"].shape == (3, 12)
+    assert torch.equal(packkit.unpack_sequences(batch["input_ids"], info), ids)  # every token, split and back
+    with pytest.raises(ValueError, match="longer than"):
+        packkit.pack_on_device(ids, torch.tensor([20, 10]), 12)  # the default policy is "error"

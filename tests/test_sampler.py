@@ -479,3 +479,11 @@ def test_gloo_two_processes(tmp_path):
     balance = sums.max(1).sum() / sums.mean(1).sum()
     assert balance == pytest.approx(ranks[0]["balance"]) and balance <= 1.01
     assert all(r["resumed"] == r["rows"][acc["resume_at"]:] for r in ranks)
+
+
+def test_from_dataset_reads_0d_tensor_lengths():
+    """Lengths held as 0-d tensors (what a torch Dataset often returns) are read as ints (kills a mutmut
+    survivor; docs/mutation.md)."""
+    data = [{"n": torch.tensor(n)} for n in (5, 7, 3, 9)]
+    s = PackedBatchSampler.from_dataset(data, 10, length_key="n")
+    assert list(s.lengths) == [5, 7, 3, 9]
