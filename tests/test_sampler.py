@@ -487,3 +487,14 @@ def test_from_dataset_reads_0d_tensor_lengths():
     data = [{"n": torch.tensor(n)} for n in (5, 7, 3, 9)]
     s = PackedBatchSampler.from_dataset(data, 10, length_key="n")
     assert list(s.lengths) == [5, 7, 3, 9]
+
+
+def test_fresh_sampler_state_is_the_start_of_epoch_0():
+    """A state taken before any iteration resumes from the first row (kills a mutmut survivor that started
+    the count at 1; docs/mutation.md)."""
+    lengths = [5, 6, 7, 8, 9, 3]
+    s = PackedBatchSampler(lengths, 10, rank=0, world_size=2)
+    assert s.state_dict()["steps_done"] == 0 and s.state_dict()["epoch"] == 0
+    resumed = PackedBatchSampler(lengths, 10, rank=0, world_size=2)
+    resumed.load_state_dict(s.state_dict())
+    assert list(resumed) == list(PackedBatchSampler(lengths, 10, rank=0, world_size=2))
