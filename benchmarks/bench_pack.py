@@ -202,7 +202,7 @@ def reuse_rows(record, flat: torch.Tensor, lengths: np.ndarray, repeats: int) ->
 def gpu_section(repeats: int) -> list[dict]:
     results = []
     device = torch.device("cuda")
-    backends = (["cuda"] if packkit.ops.HAS_CUDA_KERNELS else []) + ["triton"]
+    backends = (["cuda"] if packkit.packing.ops.HAS_CUDA_KERNELS else []) + ["triton"]
     for tokens_target in (1 << 20, 16 << 20, 64 << 20):
         n = tokens_target // 520
         lengths, flat = make_workload(n, seed=1)

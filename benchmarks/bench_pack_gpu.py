@@ -354,7 +354,7 @@ class Bench:
         self.rows: list[dict] = []
         self.failures: list[str] = []
         self.started = time.perf_counter()
-        self.has_cuda_kernels = device.type == "cuda" and packkit.ops.HAS_CUDA_KERNELS
+        self.has_cuda_kernels = device.type == "cuda" and packkit.packing.ops.HAS_CUDA_KERNELS
         try:
             from packkit.triton_kernels import pack as _triton_pack  # noqa: F401  (registers the ops)
 
@@ -721,7 +721,7 @@ def main() -> int:
         torch.set_num_threads(1)
     torch.manual_seed(0)
     extra = {"mode": "cpu" if args.cpu else "gpu", "cuda": torch.version.cuda,
-             "packkit_cuda_kernels": bool(packkit.ops.HAS_CUDA_KERNELS)}
+             "packkit_cuda_kernels": bool(packkit.packing.ops.HAS_CUDA_KERNELS)}
     try:
         import triton
 

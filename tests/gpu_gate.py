@@ -18,7 +18,7 @@ import packkit
 REQUIRED_TAG = "[gpu-required]"
 
 CUDA = torch.cuda.is_available()
-CUDA_KERNELS = CUDA and packkit.ops.HAS_CUDA_KERNELS
+CUDA_KERNELS = CUDA and packkit.packing.ops.HAS_CUDA_KERNELS
 # Compiled Triton on the GPU (the interpreter is tested in tests/triton_interp, in its own process).
 TRITON_GPU = CUDA and importlib.util.find_spec("triton") is not None and os.environ.get("TRITON_INTERPRET") != "1"
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import packkit
-from packkit.sampler import PackedBatchSampler
+from packkit.training.sampler import PackedBatchSampler
 
 CAPACITY = 4096
 ROWS_PER_STEP = 3

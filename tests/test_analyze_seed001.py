@@ -1,6 +1,6 @@
 """Seed 001 reproduced and beaten: its padding->packing migration report measured 92.73% packing
 efficiency (7,091 packs, 101 dropped) at max length 20000 on 99,388 samples (median 864, mean 1333.7).
-``packkit analyze`` on a lognormal matched to those statistics (``packkit.demo.demo_lengths``:
+``packkit analyze`` on a lognormal matched to those statistics (``packkit.tools.demo.demo_lengths``:
 median 864, sigma 0.932, 99,388 samples, seed 1), end to end from a file, with its sweep plus 20000."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from analyze_helpers import check_png, run_cli, write_lengths_text
-from packkit.demo import demo_lengths
+from packkit.tools.demo import demo_lengths
 
 SEED_001 = {"samples": 99_388, "mean": 1333.7, "median": 864.0, "p95": 3668.6, "p99": 7888.1,
             "efficiency_at_20000": 0.9273, "packs_at_20000": 7091, "dropped_at_20000": 101}

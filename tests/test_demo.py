@@ -6,7 +6,7 @@ import json
 import pytest
 
 import packkit
-from packkit import demo
+from packkit.tools import demo
 from packkit.__main__ import main
 
 pytest.importorskip("matplotlib")

@@ -229,7 +229,7 @@ def test_qwen3_vl_moe_uses_its_own_get_rope_index():
     base = model_of("qwen3_vl").config
     config = transformers.Qwen3VLMoeConfig(vision_config=base.vision_config.to_dict(), image_token_id=90,
                                            video_token_id=91)
-    spec = packkit.multimodal.mrope_spec(config)
+    spec = packkit.packing.multimodal.mrope_spec(config)
     assert spec.family == "qwen3_vl_moe" and spec.frames_as_grids and spec.spatial_merge_size == MERGE
 
     class StandIn:

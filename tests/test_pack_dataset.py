@@ -13,7 +13,7 @@ from dataset_checks import STRIDE, decode_segments, expected_segments, make_rows
 
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
-from packkit import arrow_packing  # noqa: E402
+from packkit.datasets import arrow_packing  # noqa: E402
 from packkit.datasets import read_report  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""ogbfd's per-step balance and its certified lower bound (packkit.balance_bound)."""
+"""ogbfd's per-step balance and its certified lower bound (packkit.planning.balance_bound)."""
 from __future__ import annotations
 
 import itertools
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import packkit
-from packkit.balance_bound import step_balance_lower_bound
+from packkit.planning.balance_bound import step_balance_lower_bound
 from plan_checks import check_plan
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

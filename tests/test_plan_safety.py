@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import packkit
 from pack_reference import reference_pack, reference_pack_batch, reference_unpack
-from packkit.plan_check import PLAN_ERRORS, plan_errors
+from packkit.planning.plan_check import PLAN_ERRORS, plan_errors
 from plan_perturb import bad_case
 
 OPS = torch.ops.packkit

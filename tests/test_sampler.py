@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import packkit
-from packkit.sampler import PackedBatchSampler
+from packkit.training.sampler import PackedBatchSampler
 
 HERE = Path(__file__).resolve().parent
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packkit.sampler import PackedBatchSampler
+from packkit.training.sampler import PackedBatchSampler
 
 
 def lognormal(n: int, seed: int = 1, cap: int = 8192) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""packkit.streaming.PackedIterableDataset: on-the-fly packing, exactly once, across workers and resumes."""
+"""packkit.PackedIterableDataset: on-the-fly packing, exactly once, across workers and resumes."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from packkit.streaming import PackedIterableDataset
+from packkit.training.streaming import PackedIterableDataset
 from streaming_helpers import MODEL_KEYS, as_array, check_items, expected_pieces, make_examples
 
 FORMS = ("list", "numpy", "tensor", "bare")

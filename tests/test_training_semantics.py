@@ -128,7 +128,7 @@ def per_document_sdpa(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
 def test_varlen_attention_wiring_on_cpu(layout, monkeypatch):
     """The model hands the batch's cu_seq_lens / max_length to packkit's attention function, which cuts
     the [B, H, S, D] tensors into documents correctly: exact fp32 semantics with a reference kernel."""
-    from packkit import hf_attention
+    from packkit.training import hf_attention
     monkeypatch.setattr(hf_attention, "_varlen_kernel", lambda: per_document_sdpa)
     name = packkit.register_varlen_attention()
     check(*packed_run(name, "cpu", torch.float32, layout), "cpu", torch.float32)
@@ -136,7 +136,7 @@ def test_varlen_attention_wiring_on_cpu(layout, monkeypatch):
 
 def test_varlen_wiring_check_can_fail(monkeypatch):
     """Control: a kernel that ignores cu_seqlens (one causal stream) fails the same check."""
-    from packkit import hf_attention
+    from packkit.training import hf_attention
 
     def one_stream(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
         return per_document_sdpa(q, k, v, torch.tensor([0, q.shape[0]], dtype=torch.int32),
@@ -148,7 +148,7 @@ def test_varlen_wiring_check_can_fail(monkeypatch):
 
 
 def test_varlen_attention_refuses_what_it_cannot_do():
-    from packkit import hf_attention
+    from packkit.training import hf_attention
     q = torch.zeros(1, 4, 6, 8)
     kv = torch.zeros(1, 2, 6, 8)
     module = torch.nn.Module()

@@ -42,7 +42,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without triton
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
-from ..plan_check import check_index_tensor
+from ..planning.plan_check import check_index_tensor
 
 __all__ = ["layout", "pack", "pack_batch", "unpack", "unpack_padded", "layout_out", "pack_out", "pack_batch_out",
            "unpack_out", "unpack_padded_out"]

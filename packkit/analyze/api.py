@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..planning import as_lengths
+from .._version import __version__
+from ..planning.planner import as_lengths
 from .errors import AnalyzeError
 from .lengths import LengthSpec, read_lengths
 from .outputs import Staging
@@ -23,8 +24,6 @@ OVERLONG = ("drop", "truncate", "split")
 
 
 def _generator() -> str:
-    from .. import __version__
-
     return f"packkit {__version__} analyze"
 
 

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from ..planning import ALGORITHMS, plan
+from ..planning.planner import ALGORITHMS, plan
 from .errors import AnalyzeError
 from .progress import bar
 

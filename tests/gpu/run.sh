@@ -47,7 +47,7 @@ step_build() {
   fi || { tail -40 "$LOGS/build.log"; echo "build failed (log: $LOGS/build.log)"; return 1; }
   $PY tests/gpu/summary.py info || return 1
   if [ "$GPU" = 1 ]; then
-    $PY -c "import packkit, sys; sys.exit(0 if packkit.ops.HAS_CUDA_KERNELS else 1)" \
+    $PY -c "import packkit, sys; sys.exit(0 if packkit.packing.ops.HAS_CUDA_KERNELS else 1)" \
       || { grep -i "packkit:\|cuda" "$LOGS/build.log" | tail -20; echo "_ops_cuda.so was not built or not loaded"; return 1; }
   fi
 }

@@ -39,12 +39,12 @@ def machine() -> dict:
                     device_count=torch.cuda.device_count())
     else:
         info["device"] = "cpu"
-    import packkit.ops
+    import packkit.packing.ops
 
-    pkg = Path(packkit.ops._HERE)  # where the compiled libraries are (site-packages, also when editable)
+    pkg = Path(packkit.packing.ops._HERE)  # where the compiled libraries are (site-packages, also when editable)
 
     info["ops_cuda_built"] = (pkg / "_ops_cuda.so").exists()
-    info["ops_cuda_loaded"] = bool(packkit.ops.HAS_CUDA_KERNELS) and torch._C._dispatch_has_kernel_for_dispatch_key(
+    info["ops_cuda_loaded"] = bool(packkit.packing.ops.HAS_CUDA_KERNELS) and torch._C._dispatch_has_kernel_for_dispatch_key(
         "packkit::pack_batch", "CUDA")
     return info
 

@@ -98,6 +98,6 @@ def test_tensors_on_a_non_current_device(backend):
 
 @gpu_gate.needs_cuda_kernels
 def test_auto_backend_uses_the_cuda_kernels():
-    from packkit.packing import _backend_for
+    from packkit.packing.sequences import _backend_for
 
     assert _backend_for(torch.device("cuda", 0), "auto") == "cuda"

@@ -18,7 +18,7 @@ export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_odr_
 export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
 san() { "$PY" -S -P "$@"; }  # -P: the source tree (cwd) must not shadow the staged copy
 
-san -c 'import packkit._planner as p, packkit.ops; assert "/build/sanitize/site/" in p.__file__, p.__file__' \
+san -c 'import packkit._planner as p, packkit.packing.ops; assert "/build/sanitize/site/" in p.__file__, p.__file__' \
   || { echo "the sanitized packkit is not the one imported" >&2; exit 1; }
 
 san -m pytest -q -p no:cacheprovider --capture=sys tests/test_plan_op.py tests/test_plan_errors.py tests/test_plan_from_bins.py \

@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple, Sequence, Union
 
 import numpy as np
 
-from . import _planner
+from .. import _planner
 from .balance_bound import step_balance_lower_bound
 
 ALGORITHMS = ("nf", "ffd", "bfd", "obfd", "ogbfd")

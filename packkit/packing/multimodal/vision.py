@@ -12,8 +12,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..fields import describe, to_tensor
-from ..packing import _to_device
+from ..tensors import describe, to_device, to_tensor
 from .mrope import MRopeSpec, as_grids, sample_rows, token_types, video_grids_for_rope
 
 PAIRS = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
@@ -65,7 +64,7 @@ def concat_in_order(vision: dict, order: list, device) -> dict:
             parts = [p.reshape(-1, 3).to(torch.int64) for p in parts]
         if not parts:
             continue  # no sample in this batch has one: the model must not get an empty tensor
-        out[name] = _to_device(torch.cat(parts), device)
+        out[name] = to_device(torch.cat(parts), device)
     return out
 
 
@@ -146,7 +145,7 @@ def pack_multimodal(batch: dict, info, flat_ids: torch.Tensor, lengths: np.ndarr
         src = mrope_source(types, offsets, vision_samples.tolist(), images, videos, vision.get("second_per_grid_ts"),
                            spec)
         shape = info.layout
-        rows = op(_to_device(torch.from_numpy(src), device), info.src_offsets, info.seg_seq, info.seg_start, info.cu_seqlens,
+        rows = op(to_device(torch.from_numpy(src), device), info.src_offsets, info.seg_seq, info.seg_start, info.cu_seqlens,
                   info.cu_seg, shape.num_rows, shape.row_len, shape.flat, -1.0)
         rows = rows.view(*text.shape, 3).movedim(-1, 0)
     else:

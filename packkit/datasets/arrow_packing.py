@@ -15,8 +15,8 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
-from . import ops  # noqa: F401  (registers torch.ops.packkit.*)
-from .planning import Segments
+from ..packing import ops  # noqa: F401  (registers torch.ops.packkit.*)
+from ..planning.planner import Segments
 
 # Largest number of tokens packed per output chunk: Arrow ``list`` offsets and the op's cu_seqlens are int32.
 MAX_CHUNK_TOKENS = 1 << 28

@@ -21,8 +21,8 @@ import numpy as np
 
 from .arrow_packing import (MAX_CHUNK_TOKENS, TokenColumn, check_row_lengths, pack_table, pack_values, select_columns,
                             token_column)
-from .datasets import plan_rows, report_from_plan
-from .planning import CostSpec, Segments, _as_count
+from ..planning.planner import CostSpec, Segments, _as_count
+from .global_plan import plan_rows, report_from_plan
 
 logger = logging.getLogger("packkit")
 

@@ -14,9 +14,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .buffers import PackBuffers
-from .packing import LAYOUTS, flatten_sequences, pack_sequences
-from .planning import ALGORITHMS, OVERLONG_POLICIES, plan as make_plan
+from ..packing.buffers import PackBuffers
+from ..packing.fields import check_pad_values, check_policy
+from ..packing.multimodal import mrope_spec
+from ..packing.sequences import LAYOUTS, flatten_sequences, pack_sequences
+from ..planning.planner import ALGORITHMS, OVERLONG_POLICIES, plan as make_plan
 
 LABEL_MASK_KEYS = ("completion_mask", "assistant_masks")
 
@@ -93,12 +95,9 @@ class PackingCollator:
         self.position_ids_start, self.device, self.backend = position_ids_start, device, backend
         self.return_block_mask, self.return_num_items = return_block_mask, return_num_items
         self.input_key, self.label_key = input_key, label_key
-        from .fields import check_pad_values, check_policy
 
         self.pad_values, self.extra_fields = check_pad_values(pad_values), check_policy(extra_fields)
         if mrope is not None:
-            from .multimodal import mrope_spec
-
             mrope = mrope_spec(mrope)
             if position_ids_start != 0:
                 raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start "

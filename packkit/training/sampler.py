@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from .planning import ALGORITHMS, CostSpec, Plan, _cost_model, as_lengths, plan as make_plan
+from ..planning.planner import ALGORITHMS, CostSpec, Plan, _cost_model, as_lengths, plan as make_plan
 
 SAMPLER_OVERLONG = ("error", "drop", "truncate")
 STATE_VERSION = 1

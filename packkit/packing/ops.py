@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from . import _planner
+from .. import _planner
 
 # Compiled libraries sit beside the _planner extension (in site-packages, also for editable installs).
 _HERE = Path(_planner.__file__).resolve().parent

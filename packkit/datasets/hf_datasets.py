@@ -1,6 +1,6 @@
 """``packkit.pack_dataset``: a whole dataset packed with one global plan, in TRL's pre-packed format.
 
-``datasets.Dataset`` in, ``datasets.Dataset`` out (a ``ray.data.Dataset`` goes to :mod:`packkit.ray_data`).
+``datasets.Dataset`` in, ``datasets.Dataset`` out (a ``ray.data.Dataset`` goes to :mod:`packkit.datasets.ray_data`).
 Each output row is one packed row: every per-token list column is packed row-wise and ``seq_lengths``
 (list<int32>, the segment lengths of the row) is added — exactly what TRL's ``pack_dataset`` writes and
 what ``DataCollatorForLanguageModeling(padding_free=True)`` reads to restart ``position_ids``.
@@ -12,85 +12,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
 
-from .planning import CostSpec, Plan, Segments, _as_count, plan as make_plan
-
-
-@dataclass
-class PackReport:
-    """What :func:`pack_dataset` did. Index arrays name input rows (positions in the input dataset)."""
-
-    sequences: int
-    rows: int
-    tokens: int  # tokens in the output
-    seq_length: int
-    algorithm: str
-    overlong: str
-    lower_bound: int
-    efficiency: float  # tokens / (rows * seq_length)
-    columns: list
-    excluded_columns: list
-    dp_size: int = 1
-    balance: float = 1.0  # per-step balance under the cost model (dp_size > 1)
-    empty_rows_removed: int = 0  # empty rows of the last data-parallel step (they would be empty examples)
-    truncated_tokens: int = 0
-    dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    split: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    zero_length: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-    def summary(self) -> dict:
-        """Plain-Python figures (counts, not index lists), as written to ``info.description``."""
-        out = {k: getattr(self, k) for k in ("sequences", "rows", "tokens", "seq_length", "algorithm", "overlong",
-                                             "lower_bound", "efficiency", "columns", "excluded_columns", "dp_size",
-                                             "balance", "empty_rows_removed", "truncated_tokens")}
-        out.update({k: int(len(getattr(self, k))) for k in ("dropped", "truncated", "split", "zero_length")})
-        return out
-
-
-def report_from_plan(p: Plan, *, lengths: np.ndarray, seq_length: int, columns, excluded, empty_removed: int,
-                     rows: int) -> PackReport:
-    truncated_tokens = int((lengths[p.truncated] - seq_length).sum()) if len(p.truncated) else 0
-    return PackReport(sequences=p.num_sequences, rows=rows, tokens=p.kept_tokens, seq_length=seq_length,
-                      algorithm=p.algorithm, overlong=p.overlong, lower_bound=p.lower_bound,
-                      efficiency=p.kept_tokens / (rows * seq_length) if rows else 1.0, columns=list(columns),
-                      excluded_columns=list(excluded), dp_size=p.dp_size, balance=p.balance,
-                      empty_rows_removed=empty_removed, truncated_tokens=truncated_tokens, dropped=p.dropped,
-                      truncated=p.truncated, split=p.split, zero_length=p.zero_length)
-
-
-def plan_rows(lengths: np.ndarray, seq_length: int, *, algorithm: Optional[str], overlong: str, dp_size: int,
-              cost: CostSpec, seed: Optional[int]) -> tuple[Plan, Segments, int]:
-    """The global plan and its rows in output order: (plan, segments, empty rows removed).
-
-    With ``dp_size > 1`` consecutive groups of ``dp_size`` rows are one balanced step; ``seed`` shuffles
-    whole steps (rows with ``dp_size == 1``), keeping a step with empty rows last, and the empty rows are
-    removed (an empty example would break trainers).
-    """
-    if algorithm is None:
-        algorithm = "ogbfd" if dp_size > 1 else "obfd"
-    p = make_plan(lengths, seq_length, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
-    seq, start, length, offsets = p.segments
-    counts = np.diff(offsets)
-    order = np.arange(p.num_bins, dtype=np.int64)
-    if seed is not None:
-        steps = order.reshape(-1, p.dp_size)
-        with_empty = (counts.reshape(-1, p.dp_size) == 0).any(axis=1)
-        rng = np.random.default_rng(seed)
-        full = steps[~with_empty]
-        order = np.concatenate([full[rng.permutation(len(full))].reshape(-1), steps[with_empty].reshape(-1)])
-    order = order[counts[order] > 0]
-    if len(order) == p.num_bins and (order == np.arange(p.num_bins)).all():
-        return p, p.segments, 0  # the plan's order as is: no copy of the segments
-    new_counts = counts[order]
-    new_offsets = np.concatenate(([0], np.cumsum(new_counts))).astype(np.int64)
-    take = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(offsets[order] - new_offsets[:-1], new_counts)
-    segments = Segments(seq[take], start[take], length[take], new_offsets)
-    return p, segments, int(p.num_bins - len(order))
+from ..planning.planner import CostSpec, _as_count
+from .global_plan import PackReport, plan_rows, report_from_plan
 
 
 def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, overlong: str = "error",

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from .planning import ALGORITHMS, plan
+from ..planning.planner import ALGORITHMS, plan
 
 PROFILE = {"samples": 99_388, "median": 864, "sigma": 0.932, "seed": 1, "capacity": 20_000}
 
@@ -25,7 +25,7 @@ def pack_backend() -> tuple[str, str]:
     """(device, description) of the fastest pack backend present: CUDA kernels, else Triton, else CPU."""
     import torch
 
-    from . import ops
+    from ..packing import ops
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
@@ -40,7 +40,7 @@ def pack_throughput(lengths: np.ndarray, capacity: int, algorithm: str, dp_size:
     """Tokens/s of plan + pack (input_ids, labels, position_ids, seq_idx, cu_seqlens) of real token tensors."""
     import torch
 
-    from .packing import pack_sequences
+    from ..packing.sequences import pack_sequences
 
     tokens = torch.from_numpy(np.random.default_rng(7).integers(3, 32_000, int(lengths.sum())))
     tokens = tokens.to(device)
@@ -98,7 +98,7 @@ def run(capacity: int = PROFILE["capacity"], dp_size: int = 8, out: str | None =
           f"7,091 packs, 101 dropped.")
     if out:
         try:
-            from .analyze.api import analyze_lengths
+            from ..analyze.api import analyze_lengths
 
             result = analyze_lengths(lengths, out, max_lengths=["auto", capacity], algorithms=list(ALGORITHMS[:1])
                                      + ["obfd"], dp_size=1, figures=figures, progress=False,

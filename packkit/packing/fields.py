@@ -25,6 +25,10 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
+from .multimodal import mrope_spec, pack_multimodal
+from .multimodal.mrope import token_types
+from .tensors import describe, first_dim, to_device, to_tensor
+
 EXTRA_FIELD_POLICIES = ("error", "drop", "keep")
 VISION_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 # Keys a packed batch produces itself; a sample field of the same name would be overwritten.
@@ -55,32 +59,6 @@ def check_pad_values(pad_values) -> dict:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"pad_values[{name!r}] must be a number, got {type(value).__name__} {value!r}")
     return dict(pad_values)
-
-
-def _first_dim(value) -> Optional[int]:
-    """Length of a sequence-like value along its first axis, or None for scalars / strings / dicts."""
-    if isinstance(value, torch.Tensor) or isinstance(value, np.ndarray):
-        return int(value.shape[0]) if value.ndim >= 1 else None
-    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__"):
-        return None
-    return len(value)
-
-
-def describe(value) -> str:
-    """A short shape description for error messages."""
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        return f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
-    n = _first_dim(value)
-    return f"{type(value).__name__} of length {n}" if n is not None else f"{type(value).__name__} {value!r:.40}"
-
-
-def to_tensor(value, name: str, index: int) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value
-    try:
-        return torch.as_tensor(np.asarray(value))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"sample {index}: field {name!r} ({describe(value)}) cannot become a tensor: {exc}") from None
 
 
 def flatten_token_field(name: str, values: list) -> torch.Tensor:
@@ -129,7 +107,7 @@ def sort_fields(fields: dict, lengths: np.ndarray, *, extra_fields: str = "error
             vis[name] = list(values)
             continue
         present = [v is not None for v in values]
-        dims = [(_first_dim(v) if v is not None else None) for v in values]
+        dims = [(first_dim(v) if v is not None else None) for v in values]
         per_token = all(present) and all(d == int(l) for d, l in zip(dims, lengths))
         if name == "attention_mask" or name in token_names:
             if not per_token:
@@ -178,12 +156,10 @@ def _check_all_ones(mask: torch.Tensor, name: str, lengths: np.ndarray) -> None:
 
 def pack_token_fields(token: dict, pad_values: dict, info, op) -> dict:
     """Pack each flat per-token field with the plan and layout of ``info`` (a ``PackInfo``): one op call each."""
-    from .packing import _to_device
-
     shape = info.layout
     out = {}
     for name, flat in token.items():
-        src = _to_device(flat.contiguous(), info.cu_seqlens.device)
+        src = to_device(flat.contiguous(), info.cu_seqlens.device)
         packed = op(src, info.src_offsets, info.seg_seq, info.seg_start, info.cu_seqlens, info.cu_seg,
                     shape.num_rows, shape.row_len, shape.flat, float(pad_values.get(name, 0)))
         out[name] = packed.unsqueeze(0) if shape.flat else packed
@@ -201,7 +177,6 @@ def prepare_fields(fields, lengths: np.ndarray, flat_ids: torch.Tensor, *, extra
     pad_values = check_pad_values(pad_values)
     spec = None
     if mrope is not None:
-        from .multimodal import mrope_spec
 
         spec = mrope_spec(mrope)
     if fields is None:
@@ -212,7 +187,6 @@ def prepare_fields(fields, lengths: np.ndarray, flat_ids: torch.Tensor, *, extra
     types = fields.get("mm_token_type_ids")
     if spec is not None and isinstance(types, (list, tuple)) and any(v is None for v in types):
         # Samples without mm_token_type_ids (e.g. text-only ones): derived from the token ids, as processors do.
-        from .multimodal.mrope import token_types
 
         offsets = np.concatenate(([0], np.cumsum(lengths))).tolist()
         fields = dict(fields, mm_token_type_ids=[
@@ -226,7 +200,6 @@ def pack_fields(batch: dict, info, flat_ids: torch.Tensor, lengths: np.ndarray, 
     """Add the packed extra fields (and, with ``spec``, ``[4, B, L]`` mRoPE positions) to ``batch``."""
     batch.update(pack_token_fields(sorted_fields.token, pad_values, info, op))
     if sorted_fields.vision or spec is not None:
-        from .multimodal import pack_multimodal
 
         batch.update(pack_multimodal(batch, info, flat_ids, lengths, sorted_fields.token, sorted_fields.vision,
                                      spec, op))

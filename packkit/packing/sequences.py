@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from array import array
 import numbers
-import warnings
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 
+from ..planning.planner import Plan, Segments, as_lengths, plan as make_plan
 from . import ops
 from .buffers import PackBuffers
-from .planning import Plan, Segments, plan as make_plan
+from .fields import pack_fields, prepare_fields
+from .tensors import host_tensor, to_device
 
 LAYOUTS = ("flat", "padded")
 BACKENDS = ("auto", "cpu", "cuda", "triton")
@@ -107,8 +108,6 @@ def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
         flat = torch.as_tensor(sequences)
         if flat.dim() < 1:
             raise ValueError(f"{name}: a flat source must be at least 1-D, got a scalar")
-        from .planning import as_lengths
-
         lengths = as_lengths(lengths)
         if int(lengths.sum()) != flat.shape[0]:
             raise ValueError(f"{name}: lengths sum to {int(lengths.sum())} but the flat source has "
@@ -182,24 +181,9 @@ def _backend_for(device: torch.device, backend: str) -> str:
     return backend
 
 
-def _host_tensor(array: np.ndarray) -> torch.Tensor:
-    """A no-copy tensor over a (read-only) plan array; the ops only ever read it."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(np.ascontiguousarray(array))
-
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if t.device == device:
-        return t
-    if device.type == "cuda" and t.device.type == "cpu":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
 def _op(name: str, backend: str):
     if backend == "triton":
-        from .triton_kernels import pack as _triton_pack  # noqa: F401  (registers packkit::triton_*)
+        from ..triton_kernels import pack as _triton_pack  # noqa: F401  (registers packkit::triton_*)
 
         return getattr(torch.ops.packkit, "triton_" + name)
     return getattr(torch.ops.packkit, name)
@@ -273,7 +257,6 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
 
     extra = None
     if fields or mrope is not None:
-        from .fields import prepare_fields
 
         if mrope is not None and position_ids_start != 0:
             raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start must be 0")
@@ -301,13 +284,13 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
         device = torch.device("cuda", torch.cuda.current_device())
     which = _backend_for(device, backend)
     src_offsets = torch.from_numpy(np.concatenate(([0], np.cumsum(seq_lengths)))).to(torch.int64)
-    host = [_host_tensor(a) for a in segments]
-    seg_seq, seg_start, seg_length, bin_offsets = (_to_device(t, device) for t in host)
-    src_offsets = _to_device(src_offsets, device)
+    host = [host_tensor(a) for a in segments]
+    seg_seq, seg_start, seg_length, bin_offsets = (to_device(t, device) for t in host)
+    src_offsets = to_device(src_offsets, device)
     host_ids = flat_ids  # extra fields read token types on the host, without a device round trip
-    flat_ids = _to_device(flat_ids.contiguous(), device)
+    flat_ids = to_device(flat_ids.contiguous(), device)
     if flat_labels is not None:
-        flat_labels = _to_device(flat_labels.contiguous(), device)
+        flat_labels = to_device(flat_labels.contiguous(), device)
 
     pack_batch = _op("pack_batch", which) if out is None else out.packer(_op("pack_batch_out", which))
     ids, lab, pos, seq_idx, cu = pack_batch(
@@ -327,7 +310,6 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
                                       shape.num_cu_seqlens)[1]
     info = PackInfo(shape, segments, seg_seq, seg_start, src_offsets, cu, cu_seg, seq_lengths)
     if extra is not None:
-        from .fields import pack_fields
 
         pack_fields(batch, info, host_ids, seq_lengths, *extra, _op("pack", which))
     return (batch, info) if return_info else batch

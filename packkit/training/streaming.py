@@ -30,8 +30,11 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from .packing import LAYOUTS, pack_sequences
-from .planning import ALGORITHMS, OVERLONG_POLICIES, Plan, _as_count, plan as make_plan
+from ..packing.fields import check_pad_values, check_policy
+from ..packing.multimodal import mrope_spec
+from ..packing.sequences import LAYOUTS, pack_sequences
+from ..packing.tensors import first_dim
+from ..planning.planner import ALGORITHMS, OVERLONG_POLICIES, Plan, _as_count, plan as make_plan
 
 __all__ = ["PackedIterableDataset"]
 
@@ -202,12 +205,9 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"max_carries must be a non-negative int, got {max_carries!r}")
         self.max_carries = int(max_carries)
         self.return_example_ids = bool(return_example_ids)
-        from .fields import check_pad_values, check_policy
 
         self.pad_values, self.extra_fields = check_pad_values(pad_values), check_policy(extra_fields)
         if mrope is not None:
-            from .multimodal import mrope_spec
-
             mrope = mrope_spec(mrope)
             if self.position_ids_start != 0:
                 raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start "
@@ -400,9 +400,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         if self.overlong == "drop":
             return []
         if extras:
-            from .fields import _first_dim
-
-            whole = [k for k, v in extras.items() if v is not None and _first_dim(v) != n]
+            whole = [k for k, v in extras.items() if v is not None and first_dim(v) != n]
             if whole:
                 raise ValueError(f"example {position} has {n} tokens, more than capacity={cap}, and field(s) "
                                  f"{', '.join(map(repr, whole))} that are not per-token, so it cannot be "
