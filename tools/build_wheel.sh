@@ -16,7 +16,8 @@
 #   NVCC                 the CUDA compiler (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc). Without
 #                        one the wheel is CPU-only, and the script says so
 #   PACKKIT_WHEEL_DIR    output folder (default dist/); PACKKIT_BUILD_ENV: the build venvs (default
-#                        build/wheel-env, inside the clone; reused when present)
+#                        build/wheel-env, inside the clone; reused when present); PACKKIT_BUILD_DIR: CMake's
+#                        build folders (default build/wheel; emptied first, so every wheel builds from scratch)
 #   CMAKE_ARGS           passed on to CMake as is (e.g. a planted -static-libstdc++ for the compat check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,7 @@ TORCH_VERSION=${PACKKIT_BUILD_TORCH:-2.11.0}
 ARCHS=${PACKKIT_CUDA_ARCHS:-80-real;90a-real;100-real;100-virtual}
 OUT=${PACKKIT_WHEEL_DIR:-dist}
 ENVS=${PACKKIT_BUILD_ENV:-build/wheel-env}
+BUILD_DIR=${PACKKIT_BUILD_DIR:-build/wheel}
 mkdir -p "$OUT" "$ENVS"
 
 find_python() {  # pythonX.Y on PATH, else pyenv's newest X.Y
@@ -82,9 +84,11 @@ for py in "${PYTHONS[@]}"; do
   [ -n "$CUDA_ARGS" ] && [ -z "$torch_cuda" ] && echo "WARNING: torch $TORCH_VERSION in $env is a CPU build: no CUDA kernels" >&2
   echo "== wheel for $tag against torch $("$env/bin/python" -c 'import torch; print(torch.__version__)') =="
   start=$SECONDS
-  # Its own build folder: never mixed with an editable install's build/<tag> (another torch).
+  # Its own build folder, emptied: never mixed with an editable install's build/<tag> (another torch), and
+  # no CMake cache keeps flags from an earlier build (e.g. a planted -static-libstdc++).
+  rm -rf "${BUILD_DIR:?}"/"$tag"-*
   CMAKE_ARGS="$CUDA_ARGS ${CMAKE_ARGS:-}" "$env/bin/python" -m pip wheel --no-build-isolation --no-deps \
-    --disable-pip-version-check -w "$OUT" -C build-dir="$ROOT/build/wheel/{wheel_tag}" . \
+    --disable-pip-version-check -w "$OUT" -C build-dir="$ROOT/$BUILD_DIR/{wheel_tag}" . \
     >"$ENVS/$tag-build.log" 2>&1 || { tail -40 "$ENVS/$tag-build.log"; echo "build for $tag failed" >&2; exit 1; }
   wheel=$(ls -t "$OUT"/packkit-*-"$tag"-*.whl | head -1)
   echo "built $wheel in $((SECONDS - start)) s; contents:"

@@ -267,12 +267,15 @@ def add_parser(sub) -> None:
     p = sub.add_parser("info", help="versions, backends, build record and a self-check (paste it into bug reports)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-selfcheck", action="store_true", help="skip the self-check (no op is called)")
+    p.add_argument("--save", metavar="PATH", help="also write the report as JSON to PATH")
     p.add_argument("--crash-control", action="store_true",
                    help="add a probe that kills the CPU check's process with SIGSEGV, to show crashes are reported")
 
 
 def run(args) -> int:
     doc = collect(selfcheck=not args.no_selfcheck, crash_control=args.crash_control)
+    if args.save:
+        Path(args.save).write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc, indent=1) if args.json else format_report(doc))
     return 1 if doc["problems"] else 0
 
