@@ -29,11 +29,16 @@ ENVS=${PACKKIT_BUILD_ENV:-build/wheel-env}
 BUILD_DIR=${PACKKIT_BUILD_DIR:-build/wheel}
 mkdir -p "$OUT" "$ENVS"
 
-find_python() {  # pythonX.Y on PATH, else pyenv's newest X.Y
-  command -v "python$1" 2>/dev/null && return
+find_python() {  # pythonX.Y on PATH, else pyenv's newest X.Y; the first that runs (pyenv shims may not)
   local p
-  p=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$1".*/bin/python 2>/dev/null | sort -V | tail -1)
-  [ -n "$p" ] && echo "$p"
+  for p in $(command -v "python$1" 2>/dev/null) \
+           $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$1".*/bin/python 2>/dev/null | sort -rV); do
+    if "$p" -c "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$1'.split('.'))))" 2>/dev/null; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
 }
 if [ -n "${PACKKIT_PYTHONS:-}" ]; then
   read -r -a PYTHONS <<<"$PACKKIT_PYTHONS"
