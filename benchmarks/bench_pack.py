@@ -5,6 +5,7 @@ Run from the repository root::
     python benchmarks/bench_pack.py                 # CPU, 100k sequences (51.9M tokens), 5 repeats
     python benchmarks/bench_pack.py --quick         # smoke run: 10k sequences, 2 repeats
     python benchmarks/bench_pack.py --gpu           # also the CUDA/Triton section (needs a GPU)
+    python benchmarks/bench_pack.py --dtypes-only   # just the per-dtype rows (below)
 
 CPU workload (fixed seed): 100k sequences, lengths uniform 16..1024, token ids < 32000, capacity 4096.
 Every system gets its input in its natural form, built before timing:
@@ -22,6 +23,13 @@ Every system gets its input in its natural form, built before timing:
     outputs (plan excluded), and ``torch.Tensor.copy_`` of the same output bytes into fresh vs warm
     memory; the fresh/reused ratios of medians and the load average are printed and stored under
     ``fresh_over_reused``.
+  * per dtype (issue 22): ``torch.ops.packkit.pack`` of int32 and int64 tokens and of bf16 and fp32
+    features ([tokens, 8], from the first 25k sequences: the same bytes as the token rows), each as a
+    fraction of a plain ``copy_`` of the same bytes (copy time / pack time), timed alternately: into
+    reused outputs (``pack_out`` vs ``copy_`` into a warm tensor: the kernel against memory bandwidth)
+    and into fresh ones (``pack`` vs ``torch.empty_like(..).copy_``: page faults included); plus the first
+    and second ``pack`` of each dtype in a fresh process (the first pays for memory the process never
+    touched before).
 Times are medians of the repeats (``gc.collect()`` before each); slow peers run fewer repeats.
 GPU section: device-to-device copy bandwidth vs pack_batch (bytes that must move: ids + labels read
 once, ids + labels + position_ids + seq_idx written once) at 1M/16M/64M tokens, CUDA vs Triton,
@@ -199,6 +207,72 @@ def reuse_rows(record, flat: torch.Tensor, lengths: np.ndarray, repeats: int) ->
     record(f"reuse: torch copy_ {nbytes / 1e6:.0f} MB, warm destination", reused_t, "pack_batch's output bytes")
 
 
+FEATURES = 8  # feature rows: [tokens, 8] bf16 / fp32, from the first quarter of the sequences
+
+
+def dtype_case(name: str, lengths: np.ndarray, flat: torch.Tensor):
+    """Source tensor and pack arguments (one flat row, as pack_dataset packs) for one dtype."""
+    if name in ("int32", "int64"):
+        src = flat.to(getattr(torch, name))
+    else:  # features of the first quarter of the sequences: the token rows' bytes again
+        lengths = lengths[: len(lengths) // 4]
+        src = torch.randn(int(lengths.sum()), FEATURES).to(torch.bfloat16 if name == "bf16 x8" else torch.float32)
+    plan = packkit.plan(lengths, CAPACITY)
+    seg = plan.segments
+    seg_seq, seg_start = torch.from_numpy(seg.seq_index.copy()), torch.from_numpy(seg.start.copy())
+    cu = torch.from_numpy(np.concatenate(([0], np.cumsum(seg.length))).astype(np.int32))
+    offsets = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))))
+    args = (src, offsets, seg_seq, seg_start, cu, torch.arange(len(seg_seq), dtype=torch.int32))
+    return src, args, int(cu[-1])
+
+
+DTYPES = ("int32", "int64", "bf16 x8", "fp32 x8")
+
+
+def dtype_rows(repeats: int, n: int) -> list[dict]:
+    """Per-dtype pack speed as a fraction of a plain copy of the same bytes (see the module docstring)."""
+    lengths, flat = make_workload(n)
+    rows = []
+    for name in DTYPES:
+        src, args, total = dtype_case(name, lengths, flat)
+        assert total == src.shape[0]  # one flat row of every token: the output has the source's bytes
+        out, warm = torch.empty_like(src), torch.empty_like(src)
+        nbytes = out.numel() * out.element_size()
+        pack_t, copy_t = paired(lambda: torch.ops.packkit.pack_out(*args, True, out), lambda: warm.copy_(src), repeats)
+        fresh_t, fresh_copy_t = paired(lambda: torch.ops.packkit.pack(*args, 1, total, True),
+                                       lambda: torch.empty_like(src).copy_(src), repeats)
+        first = first_calls(name, n)
+        row = {"dtype": name, "bytes": nbytes, "pack_out_s": statistics.median(pack_t),
+               "copy_warm_s": statistics.median(copy_t), "pack_fresh_s": statistics.median(fresh_t),
+               "copy_fresh_s": statistics.median(fresh_copy_t), "first_call_s": first[0], "second_call_s": first[1]}
+        row["fraction_of_copy_warm"] = row["copy_warm_s"] / row["pack_out_s"]
+        row["fraction_of_copy_fresh"] = row["copy_fresh_s"] / row["pack_fresh_s"]
+        rows.append(row)
+        print(f"  {name:<8} {nbytes / 1e6:6.0f} MB  reused: pack_out {row['pack_out_s'] * 1e3:6.1f} ms, copy_ "
+              f"{row['copy_warm_s'] * 1e3:6.1f} ms = {row['fraction_of_copy_warm']:.2f} of copy | fresh: pack "
+              f"{row['pack_fresh_s'] * 1e3:6.1f} ms, copy {row['copy_fresh_s'] * 1e3:6.1f} ms = "
+              f"{row['fraction_of_copy_fresh']:.2f} | fresh process: 1st pack {first[0] * 1e3:6.1f} ms, "
+              f"2nd {first[1] * 1e3:6.1f} ms")
+        del src, args, out, warm
+        gc.collect()
+    return rows
+
+
+def first_calls(name: str, n: int) -> tuple[float, float]:
+    """The first and second pack of ``name`` in a fresh process (fresh output memory both times)."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, time, torch; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_pack as b; "
+            f"lengths, flat = b.make_workload({n}); src, args, total = b.dtype_case({name!r}, lengths, flat); t = []\n"
+            "for _ in range(2):\n"
+            "    s = time.perf_counter(); out = torch.ops.packkit.pack(*args, 1, total, True); "
+            "t.append(time.perf_counter() - s); del out\n"
+            "print(t[0], t[1])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    return float(out[-2]), float(out[-1])
+
+
 def gpu_section(repeats: int) -> list[dict]:
     results = []
     device = torch.device("cuda")
@@ -265,9 +339,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--gpu", action="store_true", help="run the GPU section too")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--dtypes-only", action="store_true", help="only the per-dtype rows (pack_dtypes_cpu.json)")
     args = parser.parse_args()
     n = 10_000 if args.quick else 100_000
     repeats = 2 if args.quick else args.repeats
+    print(f"Per dtype: pack vs a plain copy of the same bytes ({n:,} sequences; torch threads {torch.get_num_threads()})")
+    per_dtype = dtype_rows(max(repeats, 7) if not args.quick else 2, n)
+    if args.dtypes_only:
+        doc = {"machine": machine_info(load_average=os.getloadavg()), "workload": {"sequences": n, "capacity": CAPACITY,
+               "features": FEATURES}, "per_dtype": per_dtype}
+        write_results(doc, "pack_dtypes_cpu.json", args.out, args.quick)
+        return
     rows = cpu_section(n, repeats, slow_repeats=1 if not args.quick else 2)
     base = rows[0]["median_s"]
     best_torch = min(r["median_s"] for r in rows if r["system"].startswith("pytorch"))
@@ -294,7 +376,7 @@ def main() -> None:
     print("  " + ", ".join(f"{k} = {v:.4g}" for k, v in targets.items()))
     doc = {"machine": machine_info(load_average=os.getloadavg()), "workload": {"sequences": n, "lengths": "uniform 16..1024",
                                                    "capacity": CAPACITY}, "cpu": rows, "targets": targets,
-           "fresh_over_reused": reuse}
+           "fresh_over_reused": reuse, "per_dtype": per_dtype}
     if args.gpu and torch.cuda.is_available():
         print("\nGPU section")
         doc["gpu"] = gpu_section(max(repeats, 10))

@@ -154,13 +154,23 @@ Tensor contiguous_cpu(const Tensor& t, const char* op, const char* name) {
 }
 
 // Shared body of pack: one output segment at a time, copying whole token records.
+constexpr int kPrefetchLines = 4;
 void pack_records(const uint8_t* src, const int64_t* src_offsets, const int64_t* seg_seq, const int64_t* seg_start,
                   const int32_t* cu, const int32_t* cu_seg, int64_t num_cu_segments, size_t elem_size,
                   int64_t features, const uint8_t* pad, const uint8_t* first, uint8_t* out) {
   const size_t record = elem_size * features;
   const int64_t grain = grain_for(num_cu_segments, int64_t{cu[num_cu_segments]} * features);
+  auto source = [&](int64_t j) { return src + (src_offsets[seg_seq[j]] + seg_start[j]) * record; };
   torch::stable::parallel_for(0, num_cu_segments, grain, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
+      // A plan reorders sequences, so each segment starts at a random place in src: a cache (and often
+      // TLB) miss that memcpy waits for. Fetching the next segment's first lines while this one copies
+      // hides most of it (about 10% of the op on a 2-core EPYC VM; more lines or more segments ahead
+      // gained nothing there).
+      if (k + 1 < end && cu_seg[k + 1] >= 0) {
+        const uint8_t* next = source(cu_seg[k + 1]);
+        for (int line = 0; line < kPrefetchLines; ++line) __builtin_prefetch(next + 64 * line, 0, 0);
+      }
       const int64_t a = cu[k], len = int64_t{cu[k + 1]} - a;
       const int64_t j = cu_seg[k];
       uint8_t* dst = out + a * record;
@@ -168,7 +178,7 @@ void pack_records(const uint8_t* src, const int64_t* src_offsets, const int64_t*
         fill_elements(dst, len * features, pad, elem_size);
         continue;
       }
-      std::memcpy(dst, src + (src_offsets[seg_seq[j]] + seg_start[j]) * record, len * record);
+      std::memcpy(dst, source(j), len * record);
       if (first) fill_elements(dst, features, first, elem_size);
     }
   });

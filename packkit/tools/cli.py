@@ -1,4 +1,4 @@
-"""The ``packkit`` command line: ``packkit demo``, ``packkit analyze`` (also ``python -m packkit``)."""
+"""The ``packkit`` command line: ``packkit demo``, ``packkit analyze``, ``packkit info`` (also ``python -m packkit``)."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +17,14 @@ def main(argv: list[str] | None = None) -> int:
     from ..analyze.cli import add_parser as add_analyze_parser
 
     add_analyze_parser(sub)
+    from .info import add_parser as add_info_parser
+
+    add_info_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "info":
+        from .info import run as run_info
+
+        return run_info(args)
     if args.command == "analyze":
         from ..analyze.cli import run as run_analyze
 
