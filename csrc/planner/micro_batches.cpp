@@ -1,6 +1,7 @@
 #include "micro_batches.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <queue>
@@ -200,6 +201,49 @@ void refine_step(std::vector<std::vector<int64_t>>& parts, std::vector<double>& 
   }
 }
 
+// Item indices by cost descending, ties by length descending then index ascending. An LSD radix sort on the
+// cost's bits (a non-negative double's bits order like the value; stable, so equal costs keep index order), then
+// equal-cost runs sorted by length (stable). O(n) passes instead of a comparison sort.
+std::vector<int64_t> costliest_first(const int64_t* lengths, const double* costs, size_t n) {
+  std::vector<uint64_t> key(n), key2(n);
+  std::vector<int64_t> ord(n), tmp(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t bits;
+    const double c = costs[i] == 0 ? 0.0 : costs[i];  // -0.0 -> 0.0
+    std::memcpy(&bits, &c, sizeof bits);
+    key[i] = ~bits;  // ascending ~bits = descending cost
+    ord[i] = static_cast<int64_t>(i);
+  }
+  size_t count[256];
+  for (int shift = 0; shift < 64; shift += 8) {
+    std::fill(count, count + 256, size_t{0});
+    for (size_t i = 0; i < n; ++i) ++count[(key[i] >> shift) & 0xff];
+    if (n == 0 || count[(key[0] >> shift) & 0xff] == n) continue;  // every key has this byte: nothing moves
+    size_t sum = 0;
+    for (size_t& c : count) {
+      const size_t here = c;
+      c = sum;
+      sum += here;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const size_t at = count[(key[i] >> shift) & 0xff]++;
+      key2[at] = key[i];
+      tmp[at] = ord[i];
+    }
+    key.swap(key2);
+    ord.swap(tmp);
+  }
+  for (size_t i = 0; i < n;) {  // equal costs: longer first (stable: then lower index)
+    size_t j = i + 1;
+    while (j < n && key[j] == key[i]) ++j;
+    if (j - i > 1)
+      std::stable_sort(ord.begin() + static_cast<std::ptrdiff_t>(i), ord.begin() + static_cast<std::ptrdiff_t>(j),
+                       [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+    i = j;
+  }
+  return ord;
+}
+
 }  // namespace
 
 MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity,
@@ -211,45 +255,30 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
       throw std::invalid_argument("rl_micro_batches: lengths must be in [0, capacity] and costs >= 0");
   MicroBatchLayout out;
   const size_t B = static_cast<size_t>(K * dp);
-  struct Key {
-    double cost;
-    int64_t length, index;
-  };
-  std::vector<Key> keys(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) keys[static_cast<size_t>(i)] = {costs[i], lengths[i], i};
-  std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
-    if (a.cost != b.cost) return a.cost > b.cost;
-    if (a.length != b.length) return a.length > b.length;
-    return a.index < b.index;
-  });
-  std::vector<int64_t> ord(static_cast<size_t>(n));
-  for (size_t j = 0; j < keys.size(); ++j) ord[j] = keys[j].index;
-  // slot_of[item] = micro-batch (rank * K + step)
-  std::vector<int64_t> slot_of(static_cast<size_t>(n));
-  std::vector<int64_t> bin_of(static_cast<size_t>(n));
+  const size_t un = static_cast<size_t>(n);
+  // Costliest first, ties by length (longer first) then index.
+  std::vector<int64_t> ord = costliest_first(lengths, costs, un);
+  std::vector<int64_t> bin_of(un);
+  std::vector<int64_t> slot_of(un);  // step * dp + rank
   std::vector<double> load;
   std::vector<int64_t> room;
-  // steps[s][r] = rank r's items at step s
-  std::vector<std::vector<std::vector<int64_t>>> steps(static_cast<size_t>(K),
-                                                         std::vector<std::vector<int64_t>>(static_cast<size_t>(dp)));
   if (!equal_count) {
     if (!pack_any(ord, lengths, costs, capacity, B, bin_of, load, room)) return out;
+    // micro-batches by cost, dp consecutive ones per step
     std::vector<size_t> bins(B);
     std::iota(bins.begin(), bins.end(), size_t{0});
     std::stable_sort(bins.begin(), bins.end(), [&](size_t a, size_t b) { return load[a] > load[b]; });
-    std::vector<std::pair<int64_t, int64_t>> place(B);  // bin -> (step, rank)
-    for (size_t j = 0; j < B; ++j) place[bins[j]] = {static_cast<int64_t>(j) / dp, static_cast<int64_t>(j) % dp};
-    for (int64_t item : ord) {
-      const auto& p = place[static_cast<size_t>(bin_of[item])];
-      steps[p.first][p.second].push_back(item);
-    }
+    std::vector<int64_t> slot(B);
+    for (size_t j = 0; j < B; ++j) slot[bins[j]] = static_cast<int64_t>(j);
+    for (size_t i = 0; i < un; ++i) slot_of[i] = slot[static_cast<size_t>(bin_of[i])];
   } else {
     const size_t udp = static_cast<size_t>(dp);
     std::vector<std::vector<int64_t>> ranks(udp);
+    for (auto& r : ranks) r.reserve(un / udp);
     std::vector<double> rload(udp, 0.0);
     std::vector<int64_t> rtok(udp, 0);
     std::vector<size_t> target(udp);
-    for (size_t start = 0; start < ord.size(); start += udp) {
+    for (size_t start = 0; start < un; start += udp) {  // rounds of dp items, costliest to the cheapest rank
       std::iota(target.begin(), target.end(), size_t{0});
       std::sort(target.begin(), target.end(), [&](size_t a, size_t b) {
         if (rload[a] != rload[b]) return rload[a] < rload[b];
@@ -264,24 +293,36 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
         rtok[r] += lengths[item];
       }
     }
-    for (size_t r = 0; r < udp; ++r) {
+    std::vector<size_t> bins(static_cast<size_t>(K));
+    std::vector<int64_t> step_of(static_cast<size_t>(K));
+    for (size_t r = 0; r < udp; ++r) {  // each rank's items into K micro-batches; step k = its k-th costliest
       if (!pack_any(ranks[r], lengths, costs, capacity, static_cast<size_t>(K), bin_of, load, room)) return out;
-      std::vector<size_t> bins(static_cast<size_t>(K));
       std::iota(bins.begin(), bins.end(), size_t{0});
       std::stable_sort(bins.begin(), bins.end(), [&](size_t a, size_t b) { return load[a] > load[b]; });
-      std::vector<int64_t> step_of(static_cast<size_t>(K));
       for (size_t j = 0; j < bins.size(); ++j) step_of[bins[j]] = static_cast<int64_t>(j);
-      for (int64_t item : ranks[r]) steps[static_cast<size_t>(step_of[bin_of[item]])][r].push_back(item);
+      for (int64_t item : ranks[r]) slot_of[item] = step_of[bin_of[item]] * dp + static_cast<int64_t>(r);
     }
   }
+  // items by step-major slot (costliest first inside a slot), by counting sort
+  std::vector<int64_t> begin(B + 1, 0), by_slot(un);
+  for (size_t i = 0; i < un; ++i) ++begin[static_cast<size_t>(slot_of[i]) + 1];
+  for (size_t b = 0; b < B; ++b) begin[b + 1] += begin[b];
+  {
+    std::vector<int64_t> next(begin.begin(), begin.end() - 1);
+    for (int64_t item : ord) by_slot[static_cast<size_t>(next[static_cast<size_t>(slot_of[item])]++)] = item;
+  }
+  // the local search step by step; final micro-batch (rank-major r * K + s) of each item
+  std::vector<std::vector<int64_t>> parts(static_cast<size_t>(dp));
   std::vector<double> sload(static_cast<size_t>(dp));
   std::vector<int64_t> stok(static_cast<size_t>(dp));
   out.offsets.assign(B + 1, 0);
   out.tokens.assign(B, 0);
   out.costs.assign(B, 0.0);
+  std::vector<int64_t>& final_of = bin_of;  // reused
   for (int64_t s = 0; s < K; ++s) {
-    auto& parts = steps[static_cast<size_t>(s)];
     for (int64_t r = 0; r < dp; ++r) {
+      const size_t slot = static_cast<size_t>(s * dp + r);
+      parts[r].assign(by_slot.begin() + begin[slot], by_slot.begin() + begin[slot + 1]);
       double c = 0;
       int64_t t = 0;
       for (int64_t item : parts[r]) c += costs[item], t += lengths[item];
@@ -292,19 +333,18 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
       const size_t mb = static_cast<size_t>(r * K + s);
       double c = 0;
       int64_t t = 0;
-      for (int64_t item : parts[r]) c += costs[item], t += lengths[item];
+      for (int64_t item : parts[r]) c += costs[item], t += lengths[item], final_of[item] = static_cast<int64_t>(mb);
       out.tokens[mb] = t, out.costs[mb] = c;
       out.offsets[mb + 1] = static_cast<int64_t>(parts[r].size());
     }
   }
   for (size_t mb = 0; mb < B; ++mb) out.offsets[mb + 1] += out.offsets[mb];
-  out.order.resize(static_cast<size_t>(n));
-  for (int64_t s = 0; s < K; ++s)
-    for (int64_t r = 0; r < dp; ++r) {
-      auto& part = steps[static_cast<size_t>(s)][static_cast<size_t>(r)];
-      std::sort(part.begin(), part.end());
-      std::copy(part.begin(), part.end(), out.order.begin() + out.offsets[static_cast<size_t>(r * K + s)]);
-    }
+  out.order.resize(un);
+  {
+    std::vector<int64_t> next(out.offsets.begin(), out.offsets.end() - 1);
+    for (size_t i = 0; i < un; ++i)  // ascending inside each micro-batch
+      out.order[static_cast<size_t>(next[static_cast<size_t>(final_of[i])]++)] = static_cast<int64_t>(i);
+  }
   out.feasible = true;
   return out;
 }
