@@ -1,6 +1,7 @@
 #include "micro_batches.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -251,8 +252,8 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
   if (n < 0 || capacity < 1 || dp < 1 || K < 1) throw std::invalid_argument("rl_micro_batches: bad arguments");
   if (equal_count && n % dp) throw std::invalid_argument("rl_micro_batches: equal_count needs n % dp == 0");
   for (int64_t i = 0; i < n; ++i)
-    if (lengths[i] < 0 || lengths[i] > capacity || !(costs[i] >= 0))
-      throw std::invalid_argument("rl_micro_batches: lengths must be in [0, capacity] and costs >= 0");
+    if (lengths[i] < 0 || lengths[i] > capacity || !(costs[i] >= 0) || !std::isfinite(costs[i]))
+      throw std::invalid_argument("rl_micro_batches: lengths must be in [0, capacity] and costs finite and >= 0");
   MicroBatchLayout out;
   const size_t B = static_cast<size_t>(K * dp);
   const size_t un = static_cast<size_t>(n);
