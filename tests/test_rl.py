@@ -167,3 +167,53 @@ def test_unpack_rollouts_gradient():
     batch, info = rl.pack_rollouts(ids, mask, [3, 0, 2, 8], row_len=60)
     values = torch.randn(1, 60, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: rl.unpack_rollouts(v, info, fill=1.5), (values,))
+
+
+# --- the C++ layout (packkit._planner.rl_micro_batches) ---------------------------------------------------------
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(0, 300), min_size=0, max_size=120), cap=st.integers(300, 900),
+       dp=st.integers(1, 6), extra=st.integers(0, 3), equal_count=st.booleans(),
+       cost=st.sampled_from(["tokens", "quadratic", "random"]), seed=st.integers(0, 2 ** 16))
+def test_cpp_layout_guarantees(lengths, cap, dp, extra, equal_count, cost, seed):
+    from packkit import _planner
+
+    lengths = np.array(lengths[:len(lengths) - (len(lengths) % dp if equal_count else 0)], np.int64)
+    n = len(lengths)
+    costs = {"tokens": lengths.astype(np.float64), "quadratic": 24576.0 * lengths + lengths.astype(np.float64) ** 2,
+             "random": np.random.default_rng(seed).random(n) * 100}[cost]
+    k = max(1, -(-(-(-int(lengths.sum()) // cap)) // dp)) + extra
+    out = _planner.rl_micro_batches(lengths, costs, cap, dp, k, equal_count)
+    again = _planner.rl_micro_batches(lengths, costs, cap, dp, k, equal_count)
+    if out is None:  # no layout found at this K (the Python side then tries K + 1, then its older layouts)
+        assert again is None
+        mb = rl.micro_batches(lengths, cap, dp, cost=costs, equal_count=equal_count, min_micro_batches=k)
+        check_plan(mb, lengths, cap, dp)
+        return
+    order, offsets = out["order"], out["offsets"]
+    assert order.dtype == np.int64 and len(offsets) == k * dp + 1 and offsets[0] == 0 and offsets[-1] == n
+    assert sorted(order.tolist()) == list(range(n))  # every sequence exactly once
+    for mb in range(k * dp):
+        part = order[offsets[mb]:offsets[mb + 1]]
+        assert np.all(np.diff(part) > 0)  # ascending inside a micro-batch
+        assert int(lengths[part].sum()) == out["tokens"][mb] <= cap  # the cap, always
+        assert np.isclose(costs[part].sum(), out["costs"][mb])
+    if equal_count:
+        per_rank = np.diff(offsets[::k])
+        assert len(set(per_rank.tolist())) <= 1  # the same number of sequences on every rank
+    for key in ("order", "offsets", "tokens", "costs"):  # deterministic
+        assert np.array_equal(out[key], again[key])
+
+
+def test_cpp_layout_is_used_on_multi_rank_batches():
+    lengths = grpo_lengths(1024, seed=2)
+    for dp, equal_count in ((8, False), (8, True), (1, False), (4, True)):
+        mb = rl.micro_batches(lengths, 16384, dp, cost=lambda x: 24576 * x + x ** 2, equal_count=equal_count)
+        assert mb.method == "cpp"
+        check_plan(mb, lengths, 16384, dp)
+        assert mb.num_micro_batches <= mb.rank_bound + 1
+        if dp > 1:
+            assert mb.balance <= 1.003
+    from packkit import _planner
+    with pytest.raises(ValueError, match="lengths must be in"):
+        _planner.rl_micro_batches(np.array([5, 200], np.int64), np.array([1.0, 1.0]), 100, 2, 1, False)

@@ -18,6 +18,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 import torch
 
+from .. import _planner
 from ..planning.planner import as_lengths, plan as make_plan
 
 CostLike = Union[str, tuple, Callable, object]
@@ -39,27 +40,33 @@ class MicroBatches:
         rank_bound: ``ceil(token_bound / dp_size)``, the fewest micro-batches per rank.
         empty_micro_batches: micro-batches holding no sequence (only when unavoidable: fewer
             sequences than micro-batches a rank must run, e.g. ``min_micro_batches`` or equal counts).
-        method: ``"ogbfd"`` or ``"lpt"`` (which layout was used).
+        method: ``"cpp"`` (the C++ layout, ``packkit._planner.rl_micro_batches``), or a fallback used only when
+            it finds no layout at the lower bound K nor at K + 1: ``"ogbfd"`` or ``"lpt"``.
     """
 
-    def __init__(self, indices, lengths, item_costs, max_tokens, dp_size, token_bound, method):
+    def __init__(self, indices, lengths, item_costs, max_tokens, dp_size, token_bound, method, tokens=None, costs=None,
+                 empty=None):
         self.indices = indices
         self.dp_size = dp_size
         self.max_tokens = max_tokens
         self.num_micro_batches = len(indices[0]) if indices else 0
         k = self.num_micro_batches
-        self.tokens = np.zeros((k, dp_size), np.int64)
-        self.costs = np.zeros((k, dp_size), np.float64)
-        for r in range(dp_size):
-            for s in range(k):
-                idx = indices[r][s]
-                self.tokens[s, r] = int(lengths[idx].sum())
-                self.costs[s, r] = float(item_costs[idx].sum())
+        if tokens is not None:  # [k, dp_size], computed by the C++ layout
+            self.tokens, self.costs = tokens, costs
+        else:
+            self.tokens = np.zeros((k, dp_size), np.int64)
+            self.costs = np.zeros((k, dp_size), np.float64)
+            for r in range(dp_size):
+                for s in range(k):
+                    idx = indices[r][s]
+                    self.tokens[s, r] = int(lengths[idx].sum())
+                    self.costs[s, r] = float(item_costs[idx].sum())
         mean = float(self.costs.mean(axis=1).sum()) if k else 0.0
         self.balance = float(self.costs.max(axis=1).sum()) / mean if mean > 0 else 1.0
         self.token_bound = token_bound
         self.rank_bound = -(-token_bound // dp_size)
-        self.empty_micro_batches = int(sum(len(b) == 0 for rank in indices for b in rank))
+        self.empty_micro_batches = int(sum(len(b) == 0 for rank in indices for b in rank)) if empty is None \
+            else empty
         self.method = method
 
     def rank(self, r: int) -> list:
@@ -106,11 +113,14 @@ def item_costs(lengths: np.ndarray, cost) -> tuple:
         raise ValueError(f"cost callable returned {values.shape[0]} costs for {len(lengths)} lengths")
     if not np.all(np.isfinite(values)) or (values < 0).any():
         raise ValueError("cost callable returned a negative or non-finite cost")
-    order = np.argsort(lengths, kind="stable")
-    keys, table = lengths[order], values[order]
+    table = []  # built on the first call (only the ogbfd fallback asks)
 
     def lookup(item_lengths):  # the planner asks per length (whole sequences only here)
-        return table[np.minimum(np.searchsorted(keys, item_lengths), len(keys) - 1)]
+        if not table:
+            order = np.argsort(lengths, kind="stable")
+            table.extend((lengths[order], values[order]))
+        keys, per_length = table
+        return per_length[np.minimum(np.searchsorted(keys, item_lengths), len(keys) - 1)]
 
     return values, lookup
 
@@ -199,12 +209,18 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
     costs, spec = item_costs(lengths, cost)
     total = int(lengths.sum())
     token_bound = -(-total // max_tokens)
-    order = np.lexsort((np.arange(n), -lengths, -costs))  # costliest first, ties by length then index
 
     def rounded(k):
         k = max(k, minimum, 1)
         return -(-k // divisor) * divisor
 
+    # The C++ layout at the lower bound K, else at K + 1; the older numpy / ogbfd layouts below only if neither fits.
+    k = rounded(-(-token_bound // dp_size))
+    for attempt in (k, rounded(k + 1)):
+        made = _cpp_layout(lengths, costs, max_tokens, dp_size, attempt, equal_count, token_bound)
+        if made is not None:
+            return made
+    order = np.lexsort((np.arange(n), -lengths, -costs))  # costliest first, ties by length then index
     if not equal_count and spec is None:  # per-item costs: no cost model for the planner
         k = rounded(-(-token_bound // dp_size))
     elif not equal_count:
@@ -235,6 +251,22 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
         return MicroBatches(indices, lengths, costs, max_tokens, dp_size, token_bound, "lpt")
 
     return _rank_lpt(order, lengths, costs, max_tokens, dp_size, token_bound, rounded)
+
+
+def _cpp_layout(lengths, costs, max_tokens, dp_size, k, equal_count, token_bound):
+    """The C++ layout with ``k`` micro-batches per rank (``csrc/planner/micro_batches.hpp``), or None if some
+    sequence fits in none of them."""
+    out = _planner.rl_micro_batches(lengths, costs, max_tokens, dp_size, k, equal_count)
+    if out is None:
+        return None
+    order, offsets = out["order"], out["offsets"]
+    bounds = offsets.tolist()
+    pieces = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]  # micro-batch r * k + s
+    indices = [pieces[r * k:(r + 1) * k] for r in range(dp_size)]
+    tokens = out["tokens"].reshape(dp_size, k).T
+    step_costs = out["costs"].reshape(dp_size, k).T
+    empty = int(np.count_nonzero(offsets[1:] == offsets[:-1]))
+    return MicroBatches(indices, lengths, costs, max_tokens, dp_size, token_bound, "cpp", tokens, step_costs, empty)
 
 
 def _rank_lpt(order, lengths, costs, max_tokens, dp_size, token_bound, rounded):
