@@ -2,11 +2,11 @@
 
 RL trainers (verl, OpenRLHF) first balance rollouts across ranks, then let each rank cut its own
 micro-batches, so micro-batch ``k`` of rank 0 and of rank 7 are never balanced against each other
-although FSDP runs them in lock step. Here both decisions are one plan: packkit's ``ogbfd`` planner lays
-the rollouts out in steps of ``dp_size`` rows (row ``s * dp_size + r`` is rank ``r``'s micro-batch
-``s``), each row within ``max_tokens`` by construction, the steps balanced under the cost model.
-``equal_count=True`` (verl dispatches equal chunks) and a forced number of micro-batches
-(``min_micro_batches``, ``divisible_by``) use a capped longest-processing-time layout instead (below).
+although FSDP runs them in lock step. Here both decisions are one plan, made in C++
+(``packkit._planner.rl_micro_batches``, ``csrc/planner/micro_batches.cpp``): K micro-batches per rank (the bound
+``ceil(ceil(tokens / max_tokens) / dp_size)``, else K + 1), each within ``max_tokens`` by construction, steps of
+``dp_size`` micro-batches of near-equal cost, ``equal_count`` and forced counts included. The older layouts below
+(``ogbfd`` planner, capped longest-processing-time in numpy) run only when the C++ layout fits neither K nor K + 1.
 """
 from __future__ import annotations
 
