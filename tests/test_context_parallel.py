@@ -246,3 +246,44 @@ def test_padded_lengths_and_info():
     batch, _ = make_batch(1)
     _, info = packkit.shard_context_parallel(batch, 2, 1, return_info=True)
     assert isinstance(info, CPShardInfo) and info.cp_rank == 1 and info.mode == "zigzag"
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), cp=st.sampled_from([1, 2, 4, 8]), overlong=st.sampled_from(["error", "split", "truncate"]),
+       algorithm=st.sampled_from(["obfd", "ffd", "ogbfd"]))
+def test_plan_pad_to_multiple_of_fits_after_cp_padding(seed, cp, overlong, algorithm):
+    rng = np.random.default_rng(seed)
+    capacity = 64
+    lengths = rng.integers(0, 90 if overlong != "error" else 65, int(rng.integers(1, 40)))
+    m = 2 * cp
+    p = packkit.plan(lengths, capacity, pad_to_multiple_of=m, overlong=overlong, algorithm=algorithm,
+                     dp_size=2 if algorithm == "ogbfd" else 1)
+    assert p.pad_to_multiple_of == m
+    assert (p.padded_lengths % m == 0).all() and (p.padded_lengths >= p.segments.length).all()
+    assert (p.padded_bin_tokens <= capacity).all()
+    # Real lengths: the segments cover the same tokens an unpadded plan keeps.
+    ref = packkit.plan(lengths, capacity, overlong=overlong)
+    assert p.kept_tokens == ref.kept_tokens == int(p.segments.length.sum())
+    seqs = [rng.integers(1, 100, int(k)) for k in lengths]
+    for b in range(p.num_bins):  # each row, packed flat and zigzag-sharded, fits capacity / cp per rank
+        rows = p.bins[b]
+        if len(rows) == 0:
+            continue
+        if overlong != "error":  # split / truncated pieces: padded_bin_tokens above is the row's CP size
+            continue
+        batch = packkit.pack_sequences([seqs[i] for i in rows if lengths[i] > 0])
+        out = packkit.shard_context_parallel(batch, cp, 0, "zigzag")
+        assert out["input_ids"].shape[1] * cp <= capacity
+
+
+def test_plan_pad_to_multiple_of_errors_and_overflow_without_it():
+    with pytest.raises(ValueError, match="multiple of pad_to_multiple_of"):
+        packkit.plan([3, 5], 10, pad_to_multiple_of=4)
+    with pytest.raises(ValueError, match="positive"):
+        packkit.plan([3, 5], 10, pad_to_multiple_of=0)
+    lengths = [7, 7, 9, 9]  # rows planned to capacity 16 overflow once each document is padded to 8
+    plain = packkit.plan(lengths, 16)
+    padded_rows = [int(cp_padded_lengths(np.asarray(lengths)[r], 4).sum()) for r in plain.bins]
+    assert max(padded_rows) > 16
+    p = packkit.plan(lengths, 16, pad_to_multiple_of=8)
+    assert (p.padded_bin_tokens <= 16).all() and sorted(p.segments.length.tolist()) == [7, 7, 9, 9]
