@@ -16,27 +16,57 @@ namespace packkit::ops {
 
 namespace {
 
+// Same values as cp::locate for every output position, computed segment by segment (no per-token
+// search): zigzag walks each segment's two chunks, contiguous the segments overlapping the rank's slice.
 template <typename Id, typename Label>
 void shard_loop(const Id* ids, const Label* labels, const int64_t* pos, const int32_t* cu, const int32_t* cu_padded,
                 int64_t num_segments, int64_t num_tokens, int64_t cp_size, int64_t cp_rank, bool zigzag,
                 int64_t out_len, int64_t pad_id, int64_t ignore_index, Id* out_ids, Label* out_labels,
                 int64_t* out_pos, int64_t* out_src, int32_t* out_seg) {
-  for (int64_t j = 0; j < out_len; ++j) {
-    const cp::Source w =
-        cp::locate(j, cu, cu_padded, num_segments, num_tokens, cp_size, cp_rank, zigzag, out_len);
-    out_src[j] = w.src;
-    out_seg[j] = static_cast<int32_t>(w.seg);
-    if (w.src >= 0) {
-      out_ids[j] = ids[w.src];
-      out_pos[j] = pos[w.src];
-      out_labels[j] = w.src + 1 < cu[w.seg + 1] ? labels[w.src + 1] : static_cast<Label>(ignore_index);
-    } else {
-      out_ids[j] = static_cast<Id>(pad_id);
-      out_labels[j] = static_cast<Label>(ignore_index);
-      const bool has_real = w.seg < num_segments && cu[w.seg + 1] > cu[w.seg];
-      out_pos[j] = (has_real ? pos[cu[w.seg + 1] - 1] + 1 : 0) + w.pad_pos;
+  const Label ignore = static_cast<Label>(ignore_index);
+  // Positions [j, j + count) are tokens [first, first + count) of segment s (offsets inside it).
+  auto emit = [&](int64_t j, int64_t s, int64_t first, int64_t count) {
+    const int64_t begin = s < num_segments ? int64_t{cu[s]} : num_tokens;
+    const int64_t len = s < num_segments ? int64_t{cu[s + 1]} - begin : 0;
+    const int64_t real = std::clamp<int64_t>(len - first, 0, count);
+    for (int64_t k = 0; k < real; ++k) {
+      const int64_t src = begin + first + k;
+      out_src[j + k] = src;
+      out_seg[j + k] = static_cast<int32_t>(s);
+      out_ids[j + k] = ids[src];
+      out_pos[j + k] = pos[src];
+      out_labels[j + k] = first + k + 1 < len ? labels[src + 1] : ignore;
+    }
+    const int64_t base = len > 0 ? pos[begin + len - 1] + 1 : 0;
+    for (int64_t k = real; k < count; ++k) {
+      out_src[j + k] = -1;
+      out_seg[j + k] = static_cast<int32_t>(s);
+      out_ids[j + k] = static_cast<Id>(pad_id);
+      out_pos[j + k] = base + (first + k - len);
+      out_labels[j + k] = ignore;
+    }
+  };
+  if (zigzag) {
+    for (int64_t s = 0; s < num_segments; ++s) {
+      const int64_t chunk = (int64_t{cu_padded[s + 1]} - cu_padded[s]) / (2 * cp_size);
+      const int64_t j = cu_padded[s] / cp_size;
+      emit(j, s, cp_rank * chunk, chunk);
+      emit(j + chunk, s, (2 * cp_size - 1 - cp_rank) * chunk, chunk);
+    }
+    return;
+  }
+  const int64_t lo = cp_rank * out_len, hi = lo + out_len;
+  int64_t j = 0;
+  if (num_segments >= 1 && lo < num_tokens) {
+    for (int64_t s = cp::segment_of(cu, num_segments, lo); s < num_segments && cu[s] < hi; ++s) {
+      const int64_t a = std::max<int64_t>(cu[s], lo), b = std::min<int64_t>(cu[s + 1], hi);
+      if (b > a) {
+        emit(j, s, a - cu[s], b - a);
+        j += b - a;
+      }
     }
   }
+  if (j < out_len) emit(j, num_segments, lo + j - num_tokens, out_len - j);  // end padding: positions from 0
 }
 
 }  // namespace
