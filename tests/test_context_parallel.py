@@ -287,3 +287,18 @@ def test_plan_pad_to_multiple_of_errors_and_overflow_without_it():
     assert max(padded_rows) > 16
     p = packkit.plan(lengths, 16, pad_to_multiple_of=8)
     assert (p.padded_bin_tokens <= 16).all() and sorted(p.segments.length.tolist()) == [7, 7, 9, 9]
+
+
+def test_analyze_reports_cp_padding_cost():
+    from packkit.analyze.api import AnalyzeError, analyze_lengths
+
+    lengths = np.array([5, 9, 16, 33, 7, 100, 64, 3])
+    r = analyze_lengths(lengths, None, max_lengths=[128], cp_sizes="2,4", figures=False)
+    rows = r.simulations["context_parallel"]
+    assert [row["cp_size"] for row in rows] == [2, 4]
+    for row in rows:
+        assert row["extra_tokens"] == int(cp_padded_lengths(lengths, row["cp_size"]).sum() - lengths.sum())
+    assert "## Context parallelism" in r.report
+    assert "## Context parallelism" not in analyze_lengths(lengths, None, max_lengths=[128], figures=False).report
+    with pytest.raises(AnalyzeError, match="cp_sizes"):
+        analyze_lengths(lengths, None, cp_sizes="2,x", figures=False)
