@@ -91,7 +91,7 @@ STABLE_TORCH_LIBRARY(packkit, m) {
   m.def(
       "cp_shard(Tensor input_ids, Tensor labels, Tensor position_ids, Tensor cu_seqlens, Tensor cu_seqlens_padded, "
       "int cp_size, int cp_rank, bool zigzag, SymInt out_len, int pad_id=0, int ignore_index=-100) -> "
-      "(Tensor input_ids, Tensor shift_labels, Tensor position_ids, Tensor src_index, Tensor seg_idx)");
+      "(Tensor input_ids, Tensor labels, Tensor shift_labels, Tensor position_ids, Tensor src_index, Tensor seg_idx)");
   // --- end context parallelism --------------------------------------------------------------------
 }
 

@@ -50,7 +50,7 @@ def check_against_reference(batch, out, cp, rank, mode, info=None):
                                                batch["position_ids"].reshape(-1).cpu(),
                                                batch["cu_seq_lens_q"].tolist(), cp, rank, mode)
     assert out["input_ids"].dtype == ids.dtype and out["shift_labels"].dtype == batch["labels"].dtype
-    for key in ("input_ids", "shift_labels", "position_ids", "seq_idx"):
+    for key in ("input_ids", "labels", "shift_labels", "position_ids", "seq_idx"):
         assert out[key].shape == (1, len(ref[key])), key
         assert out[key][0].cpu().to(torch.int64).tolist() == ref[key].tolist(), key
     assert out["cu_seq_lens_q"].dtype == torch.int32 and out["cu_seq_lens_q"].tolist() == local_cu
@@ -233,7 +233,7 @@ def test_compile_fullgraph():
 
     def step(ids, lab, pos, cu, cup):
         out = torch.ops.packkit.cp_shard(ids, lab, pos, cu, cup, 4, 2, True, args[8])
-        return out[0] * 2, out[1], out[2] + 1
+        return out[0] * 2, out[2], out[3] + 1
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     got, want = compiled(*args[:5]), step(*args[:5])

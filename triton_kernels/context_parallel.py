@@ -4,7 +4,7 @@ Semantics (bit for bit) are those of ``tests/cp_reference.py`` and the C++ op
 (``csrc/ops/context_parallel_op.cpp``; index math in ``csrc/ops/context_parallel.hpp``): one context-parallel
 rank's shard of a flat packed row. One launch: each program owns BLOCK output positions, finds each one's
 segment with a branchless binary search over the padded (zigzag) or plain (contiguous) ``cu_seqlens`` and
-gathers input_ids, position_ids and the next label of the same segment. Checks are metadata only; every
+gathers input_ids, labels, position_ids and the next label of the same segment. Checks are metadata only; every
 load is masked and every index bounded, so inconsistent ``cu_seqlens`` give padding values, never an
 out-of-bounds access. Nothing is read back to the host: ``out_len`` is a host int.
 """
@@ -50,7 +50,7 @@ def _segment_of(a_ptr, x, ok, n):
 
 
 @triton.jit(do_not_specialize=["num_segments", "num_tokens", "cp_size", "cp_rank", "out_len", "pad_id", "ignore_index"])
-def _cp_shard_kernel(ids_ptr, labels_ptr, pos_ptr, cu_ptr, cup_ptr, out_ids_ptr, out_labels_ptr, out_pos_ptr,
+def _cp_shard_kernel(ids_ptr, labels_ptr, pos_ptr, cu_ptr, cup_ptr, out_ids_ptr, out_split_ptr, out_labels_ptr, out_pos_ptr,
                      out_src_ptr, out_seg_ptr, num_segments, num_tokens, cp_size, cp_rank, out_len, pad_id,
                      ignore_index, ZIGZAG: tl.constexpr, BLOCK: tl.constexpr):
     j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
@@ -87,6 +87,8 @@ def _cp_shard_kernel(ids_ptr, labels_ptr, pos_ptr, cu_ptr, cup_ptr, out_ids_ptr,
     safe = tl.where(real, src, 0)
     ids = tl.load(ids_ptr + safe, mask=real, other=0)
     ids = tl.where(real, ids, pad_id.to(ids_dtype))
+    split = tl.load(labels_ptr + safe, mask=real, other=0)
+    split = tl.where(real, split, ignore)
     nxt = safe + 1
     nxt_ok = real & (nxt < c1) & (nxt < num_tokens)
     lab = tl.load(labels_ptr + nxt, mask=nxt_ok, other=0)
@@ -98,6 +100,7 @@ def _cp_shard_kernel(ids_ptr, labels_ptr, pos_ptr, cu_ptr, cup_ptr, out_ids_ptr,
     base = tl.load(pos_ptr + tl.where(last_ok, last, 0), mask=last_ok, other=-1) + 1
     pos = tl.where(real, pos_real, base + pad_pos)
     tl.store(out_ids_ptr + j, ids, mask=j_ok)
+    tl.store(out_split_ptr + j, split, mask=j_ok)
     tl.store(out_labels_ptr + j, lab, mask=j_ok)
     tl.store(out_pos_ptr + j, pos, mask=j_ok)
     tl.store(out_src_ptr + j, src, mask=j_ok)
@@ -132,12 +135,13 @@ def _check(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_si
 def cp_shard(input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor,
              cu_seqlens_padded: torch.Tensor, cp_size: int, cp_rank: int, zigzag: bool, out_len: int,
              pad_id: int = 0, ignore_index: int = -100
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One CP rank's shard in one launch: (input_ids, shift_labels, position_ids, src_index, seg_idx);
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One CP rank's shard in one launch: (input_ids, labels, shift_labels, position_ids, src_index, seg_idx);
     see ``packkit::cp_shard``."""
     _check(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_size, cp_rank, out_len)
     device = input_ids.device
     outs = (torch.empty(out_len, dtype=input_ids.dtype, device=device),
+            torch.empty(out_len, dtype=labels.dtype, device=device),
             torch.empty(out_len, dtype=labels.dtype, device=device),
             torch.empty(out_len, dtype=torch.int64, device=device),
             torch.empty(out_len, dtype=torch.int64, device=device),

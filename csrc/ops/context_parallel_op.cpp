@@ -21,7 +21,7 @@ namespace {
 template <typename Id, typename Label>
 void shard_loop(const Id* ids, const Label* labels, const int64_t* pos, const int32_t* cu, const int32_t* cu_padded,
                 int64_t num_segments, int64_t num_tokens, int64_t cp_size, int64_t cp_rank, bool zigzag,
-                int64_t out_len, int64_t pad_id, int64_t ignore_index, Id* out_ids, Label* out_labels,
+                int64_t out_len, int64_t pad_id, int64_t ignore_index, Id* out_ids, Label* out_split, Label* out_labels,
                 int64_t* out_pos, int64_t* out_src, int32_t* out_seg) {
   const Label ignore = static_cast<Label>(ignore_index);
   // Positions [j, j + count) are tokens [first, first + count) of segment s (offsets inside it).
@@ -34,6 +34,7 @@ void shard_loop(const Id* ids, const Label* labels, const int64_t* pos, const in
       out_src[j + k] = src;
       out_seg[j + k] = static_cast<int32_t>(s);
       out_ids[j + k] = ids[src];
+      out_split[j + k] = labels[src];
       out_pos[j + k] = pos[src];
       out_labels[j + k] = first + k + 1 < len ? labels[src + 1] : ignore;
     }
@@ -42,6 +43,7 @@ void shard_loop(const Id* ids, const Label* labels, const int64_t* pos, const in
       out_src[j + k] = -1;
       out_seg[j + k] = static_cast<int32_t>(s);
       out_ids[j + k] = static_cast<Id>(pad_id);
+      out_split[j + k] = ignore;
       out_pos[j + k] = base + (first + k - len);
       out_labels[j + k] = ignore;
     }
@@ -71,7 +73,7 @@ void shard_loop(const Id* ids, const Label* labels, const int64_t* pos, const in
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
     const Tensor& input_ids, const Tensor& labels, const Tensor& position_ids, const Tensor& cu_seqlens,
     const Tensor& cu_seqlens_padded, int64_t cp_size, int64_t cp_rank, bool zigzag, int64_t out_len, int64_t pad_id,
     int64_t ignore_index) {
@@ -102,6 +104,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
                     num_tokens, " tokens, got ", out_len, " * ", cp_size);
   }
   Tensor ids = torch::stable::new_empty(input_ids, {out_len});
+  Tensor split = torch::stable::new_empty(labels, {out_len});
   Tensor lab = torch::stable::new_empty(labels, {out_len});
   Tensor pos = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long);
   Tensor src = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long);
@@ -112,7 +115,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
     using Label = decltype(label_tag);
     shard_loop<Id, Label>(input_ids.const_data_ptr<Id>(), labels.const_data_ptr<Label>(), p, cu, cup, num_segments,
                           num_tokens, cp_size, cp_rank, zigzag, out_len, pad_id, ignore_index,
-                          ids.mutable_data_ptr<Id>(), lab.mutable_data_ptr<Label>(), pos.mutable_data_ptr<int64_t>(),
+                          ids.mutable_data_ptr<Id>(), split.mutable_data_ptr<Label>(), lab.mutable_data_ptr<Label>(), pos.mutable_data_ptr<int64_t>(),
                           src.mutable_data_ptr<int64_t>(), seg.mutable_data_ptr<int32_t>());
   };
   const bool id64 = input_ids.scalar_type() == ScalarType::Long;
@@ -121,7 +124,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
   else if (id64) run(int64_t{}, int32_t{});
   else if (lab64) run(int32_t{}, int64_t{});
   else run(int32_t{}, int32_t{});
-  return {ids, lab, pos, src, seg};
+  return {ids, split, lab, pos, src, seg};
 }
 
 }  // namespace packkit::ops

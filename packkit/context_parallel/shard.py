@@ -140,6 +140,14 @@ def _is_per_token(t, ids_shape) -> bool:
     return isinstance(t, torch.Tensor) and t.dim() >= len(ids_shape) and tuple(t.shape[:len(ids_shape)]) == tuple(ids_shape)
 
 
+def _split_field(t: torch.Tensor, src: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Another per-token field split like the ids (0 on padding): a gather and a select."""
+    flat = _flat_tokens(t, num_tokens, "a per-token field")
+    got = flat.index_select(0, src.clamp(min=0))
+    mask = (src >= 0).reshape(-1, *([1] * (got.dim() - 1)))
+    return torch.where(mask, got, torch.zeros((), dtype=got.dtype, device=got.device)).unsqueeze(0)
+
+
 def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = "zigzag", *,
                            lengths: Optional[Sequence[int]] = None, pack_info: Optional[PackInfo] = None,
                            pad_token_id: int = 0, ignore_index: int = -100, backend: str = "auto",
@@ -210,30 +218,20 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
             and cu_dev.dim() == 1 and cu_dev.numel() == len(cu) and lengths is None and pack_info is None):
         cu_dev = to_device(host_tensor(cu.astype(np.int32)), device)
     cup_dev = cu_dev if not zigzag else to_device(host_tensor(cup.astype(np.int32)), device)
-    out_ids, shift, out_pos, src, seg = _cp_op(which)(
+    out_ids, out_labels, shift, out_pos, src, seg = _cp_op(which)(
         ids.contiguous(), labels.contiguous(), pos.reshape(num_tokens).to(torch.int64).contiguous(), cu_dev.contiguous(),
         cup_dev.contiguous(), cp_size, cp_rank, zigzag, local_len, int(pad_token_id), int(ignore_index))
     local_cu_dev = to_device(host_tensor(local_cu.astype(np.int32)), device)
     max_len = int(np.diff(local_cu).max()) if len(local_cu) > 1 else 0
-    out = {"input_ids": out_ids.unsqueeze(0), "labels": None, "shift_labels": shift.unsqueeze(0),
+    out = {"input_ids": out_ids.unsqueeze(0), "labels": out_labels.unsqueeze(0), "shift_labels": shift.unsqueeze(0),
            "position_ids": out_pos.unsqueeze(0), "seq_idx": seg.unsqueeze(0), "cu_seq_lens_q": local_cu_dev,
            "cu_seq_lens_k": local_cu_dev, "max_length_q": max_len, "max_length_k": max_len}
     if zigzag:
         out["cu_seqlens_padded"] = cup_dev
-    valid = src >= 0
-    safe = src.clamp(min=0)
-
-    def split(t: torch.Tensor, pad) -> torch.Tensor:
-        flat = _flat_tokens(t, num_tokens, "a per-token field")
-        got = flat.index_select(0, safe)
-        mask = valid.reshape(-1, *([1] * (got.dim() - 1)))
-        return torch.where(mask, got, torch.as_tensor(pad, dtype=got.dtype, device=got.device)).unsqueeze(0)
-
-    out["labels"] = split(labels, ignore_index)
     for key, value in batch.items():
         if key in _CORE_KEYS:
             continue
-        out[key] = split(value, 0) if _is_per_token(value, ids_in.shape) else value
+        out[key] = _split_field(value, src, num_tokens) if _is_per_token(value, ids_in.shape) else value
     if not return_info:
         return out
     return out, CPShardInfo(cp_size, cp_rank, mode, cu, cup, num_tokens, local_len, src)

@@ -78,6 +78,6 @@ def _unpack_padded_fake(packed, seg_seq, seg_start, cu_seqlens, cu_seg, flat, nu
 def _cp_shard_fake(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_size, cp_rank, zigzag, out_len,
                    pad_id=0, ignore_index=-100):
     torch._check(out_len >= 0, lambda: "packkit::cp_shard: out_len must be >= 0")
-    return (input_ids.new_empty((out_len,)), labels.new_empty((out_len,)),
+    return (input_ids.new_empty((out_len,)), labels.new_empty((out_len,)), labels.new_empty((out_len,)),
             input_ids.new_empty((out_len,), dtype=torch.int64), input_ids.new_empty((out_len,), dtype=torch.int64),
             input_ids.new_empty((out_len,), dtype=torch.int32))

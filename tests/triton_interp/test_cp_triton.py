@@ -48,9 +48,9 @@ def test_triton_cp_shard_matches_reference(seed, mode, block, monkeypatch):
             cup = torch.tensor(padded_cu, dtype=torch.int32) if mode == "zigzag" else cu
             n = padded_cu[-1] // cp if mode == "zigzag" else -(-ids.numel() // cp)
             got = torch.ops.packkit.triton_cp_shard(ids, lab, pos, cu, cup, cp, rank, mode == "zigzag", n, 0, -100)
-            for t, key in zip(got, ("input_ids", "shift_labels", "position_ids", "src_index", "seq_idx")):
+            for t, key in zip(got, ("input_ids", "labels", "shift_labels", "position_ids", "src_index", "seq_idx")):
                 assert t.to(torch.int64).tolist() == ref[key].tolist(), (cp, rank, key)
-            assert got[0].dtype == id_dtype and got[4].dtype == torch.int32
+            assert got[0].dtype == id_dtype and got[5].dtype == torch.int32
 
 
 def test_triton_cp_shard_inconsistent_cu_stays_in_bounds():
@@ -59,4 +59,4 @@ def test_triton_cp_shard_inconsistent_cu_stays_in_bounds():
     bad = torch.tensor([0, 7, 50], dtype=torch.int32)  # ends past the row: bounded, never out of range
     got = torch.ops.packkit.triton_cp_shard(ids, ids, pos, bad, torch.tensor([0, 8, 64], dtype=torch.int32), 2, 1,
                                             True, 32, 0, -100)
-    assert got[0].numel() == 32 and bool((got[3] < 10).all())
+    assert got[0].numel() == 32 and bool((got[4] < 10).all())
