@@ -302,3 +302,32 @@ def test_analyze_reports_cp_padding_cost():
     assert "## Context parallelism" not in analyze_lengths(lengths, None, max_lengths=[128], figures=False).report
     with pytest.raises(AnalyzeError, match="cp_sizes"):
         analyze_lengths(lengths, None, cp_sizes="2,x", figures=False)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", ["flat", "padded"])
+def test_collator_context_parallel_yields_the_rank_shard(mode, layout):
+    rng = np.random.default_rng(4)
+    feats = [{"input_ids": rng.integers(1, 500, int(n)).tolist()} for n in rng.integers(1, 30, 12)]
+    cp = 4
+    kw = dict(layout=layout, return_num_items=True)
+    plain = packkit.PackingCollator(64, **kw, context_parallel=None)
+    total = 0
+    for rank in range(cp):
+        got = packkit.PackingCollator(64, **kw, context_parallel=(cp, rank, mode))(feats)
+        # The same rows the collator would plan for CP (pad-aware in zigzag), then the rank's shard.
+        base = packkit.PackingCollator(64, **kw, context_parallel=None)
+        base._cp_multiple = 2 * cp if mode == "zigzag" else None
+        want = packkit.shard_context_parallel(base(feats), cp, rank, mode)
+        assert set(got) == set(want)
+        for key in want:
+            if isinstance(want[key], torch.Tensor):
+                assert torch.equal(got[key], want[key]), key
+            else:
+                assert got[key] == want[key], key
+        total += int((got["shift_labels"] != -100).sum())
+    assert total == int(plain(feats)["num_items_in_batch"])  # no predicted token lost or duplicated
+    with pytest.raises(ValueError, match="multiple"):
+        packkit.PackingCollator(60, context_parallel=(4, 0))
+    with pytest.raises(ValueError, match="context_parallel"):
+        packkit.PackingCollator(64, context_parallel=(4,))

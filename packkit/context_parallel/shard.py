@@ -39,6 +39,24 @@ class CPShardInfo(NamedTuple):
     src_index: torch.Tensor  # int64 [local_len] on the batch's device: this rank's source token, -1 for padding
 
 
+def parse_context_parallel(spec) -> Optional[tuple]:
+    """``context_parallel=`` of the loaders: None, ``(cp_size, cp_rank)`` or ``(cp_size, cp_rank, mode)``
+    -> ``(cp_size, cp_rank, mode)`` (mode defaults to ``"zigzag"``), validated."""
+    if spec is None:
+        return None
+    if isinstance(spec, (str, bytes)) or not hasattr(spec, "__len__") or len(spec) not in (2, 3):
+        raise ValueError(f"context_parallel must be (cp_size, cp_rank) or (cp_size, cp_rank, mode), got {spec!r}")
+    cp_size, cp_rank, mode = (*spec, "zigzag") if len(spec) == 2 else spec
+    _check_cp(cp_size, cp_rank, mode)
+    return int(cp_size), int(cp_rank), mode
+
+
+def cp_plan_multiple(spec) -> Optional[int]:
+    """What plan(..., pad_to_multiple_of=) a loader uses for ``context_parallel=spec``: 2*cp for zigzag
+    (every document is padded to it), None otherwise."""
+    return 2 * spec[0] if spec is not None and spec[2] == "zigzag" and spec[0] > 1 else None
+
+
 def cp_padded_lengths(lengths, cp_size: int, mode: str = "zigzag") -> np.ndarray:
     """Lengths after CP padding: zigzag rounds each segment up to a multiple of ``2 * cp_size``; contiguous
     pads only the row's end, so segment lengths are unchanged (see :func:`cp_row_len`)."""
