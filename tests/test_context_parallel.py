@@ -331,3 +331,32 @@ def test_collator_context_parallel_yields_the_rank_shard(mode, layout):
         packkit.PackingCollator(60, context_parallel=(4, 0))
     with pytest.raises(ValueError, match="context_parallel"):
         packkit.PackingCollator(64, context_parallel=(4,))
+
+
+def test_sampler_and_streaming_context_parallel():
+    rng = np.random.default_rng(8)
+    lengths = rng.integers(1, 60, 200)
+    cp = 4
+    sampler = packkit.PackedBatchSampler(lengths, 64, rank=0, world_size=2, seed=1, context_parallel=(cp, 1))
+    plain = packkit.PackedBatchSampler(lengths, 64, rank=0, world_size=2, seed=1)
+    assert sampler._cp_multiple == 8 and plain._cp_multiple is None
+    for rows in sampler:  # every row still fits once each document is padded to 2 * cp
+        assert int(cp_padded_lengths(lengths[rows], cp).sum()) <= 64
+    with pytest.raises(ValueError, match="multiple"):
+        packkit.PackedBatchSampler(lengths, 60, rank=0, world_size=1, context_parallel=(cp, 0))
+
+    examples = [{"input_ids": rng.integers(1, 500, int(n)).tolist()} for n in lengths[:60]]
+    for mode in MODES:
+        items = {r: list(packkit.PackedIterableDataset(examples, 64, buffer_size=32, layout="flat", rank=0, world_size=1,
+                                                       context_parallel=(cp, r, mode))) for r in range(cp)}
+        whole_ds = packkit.PackedIterableDataset(examples, 64, buffer_size=32, layout="flat", rank=0, world_size=1)
+        whole_ds._cp_multiple = 2 * cp if mode == "zigzag" else None  # the rows the CP loader plans
+        full = list(whole_ds)
+        assert len({len(v) for v in items.values()}) == 1 and len(items[0]) == len(full)
+        for k, whole in enumerate(full):
+            if mode == "zigzag":
+                assert int(whole["input_ids"].shape[1]) <= 64
+            for r in range(cp):
+                want = packkit.shard_context_parallel(whole, cp, r, mode)
+                assert torch.equal(items[r][k]["input_ids"], want["input_ids"])
+                assert torch.equal(items[r][k]["shift_labels"], want["shift_labels"])

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from ..context_parallel import cp_plan_multiple, parse_context_parallel
 from ..planning.planner import ALGORITHMS, CostSpec, Plan, _cost_model, as_lengths, plan as make_plan
 
 SAMPLER_OVERLONG = ("error", "drop", "truncate")
@@ -138,6 +139,12 @@ class PackedBatchSampler(Sampler[list[int]]):
             ``k`` rows of a step one after another, so ``DataLoader(batch_sampler=sampler)`` gives
             ``k`` micro-batches per optimizer step, as HF ``Trainer(gradient_accumulation_steps=k)``
             and torchtune expect. ``len(sampler) = num_steps * k``; ``drop_last`` drops a whole step.
+        context_parallel: ``(cp_size, cp_rank)`` or ``(cp_size, cp_rank, mode)``: rows are planned with
+            ``pad_to_multiple_of=2 * cp_size`` in zigzag mode (capacity must be a multiple), so each row still
+            fits once its documents are CP-padded; give the collator the same ``context_parallel=`` to get the
+            rank's shard. Every rank of a CP group gets the same rows: ``rank``/``world_size`` are
+            data-parallel; taken from ``torch.distributed`` they are ``global rank // cp_size`` and
+            ``world size // cp_size`` (CP groups of consecutive ranks).
 
     Zero-length samples hold no tokens, are planned into no row and are never yielded
     (:attr:`zero_length`).
@@ -146,7 +153,11 @@ class PackedBatchSampler(Sampler[list[int]]):
     def __init__(self, lengths, capacity: int, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  group=None, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  algorithm: str = "ogbfd", cost: CostSpec = "attention", overlong: str = "error",
-                 rows_per_step: int = 1):
+                 rows_per_step: int = 1, context_parallel=None):
+        self.context_parallel = parse_context_parallel(context_parallel)
+        self._cp_multiple = cp_plan_multiple(self.context_parallel)
+        if self.context_parallel is not None and rank is None and world_size is None:
+            rank, world_size = self._cp_dp_rank(group, self.context_parallel[0])
         self.lengths = as_lengths(lengths).copy()
         self.lengths.flags.writeable = False
         if (self.lengths < 0).any():
@@ -155,6 +166,9 @@ class PackedBatchSampler(Sampler[list[int]]):
         self.capacity = _int_arg(capacity, "capacity")
         if self.capacity <= 0:
             raise ValueError(f"capacity must be a positive int, got {self.capacity}")
+        if self._cp_multiple and self.capacity % self._cp_multiple:
+            raise ValueError(f"context_parallel zigzag pads documents to multiples of {self._cp_multiple}; "
+                             f"capacity={self.capacity} must be a multiple of it")
         self.rank, self.world_size = self._resolve_rank(rank, world_size, group)
         for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(value, (bool, np.bool_)):
@@ -193,6 +207,18 @@ class PackedBatchSampler(Sampler[list[int]]):
         self._resume_from: Optional[int] = None
 
     # -- construction helpers --------------------------------------------------------------------
+    @staticmethod
+    def _cp_dp_rank(group, cp_size: int):
+        """(data-parallel rank, size) from torch.distributed with CP groups of consecutive ranks; (None, None)
+        without torch.distributed."""
+        from_dist = _dist_rank_world(group)
+        if from_dist is None:
+            return None, None
+        rank, world = from_dist
+        if world % cp_size:
+            raise ValueError(f"world size {world} is not a multiple of cp_size {cp_size}")
+        return rank // cp_size, world // cp_size
+
     @staticmethod
     def _resolve_rank(rank, world_size, group) -> tuple[int, int]:
         if rank is None or world_size is None:
@@ -274,7 +300,8 @@ class PackedBatchSampler(Sampler[list[int]]):
         rng = np.random.default_rng((self.seed, self.epoch))
         permutation = rng.permutation(n).astype(np.int64) if self.shuffle else np.arange(n, dtype=np.int64)
         plan = make_plan(self.lengths[permutation], self.capacity, algorithm=self.algorithm,
-                         dp_size=self.world_size * self.rows_per_step, cost=self.cost, overlong=self.overlong)
+                         dp_size=self.world_size * self.rows_per_step, cost=self.cost, overlong=self.overlong,
+                         pad_to_multiple_of=self._cp_multiple)
         steps = plan.num_steps
         # The planner puts empty rows only in its last step; that step stays last.
         incomplete = steps > 0 and plan.empty_bins > 0
