@@ -13,6 +13,7 @@ from .context_parallel import shard_context_parallel, unshard_context_parallel
 from .training import (PackedBatchSampler, PackedIterableDataset, PackingCollator, document_causal_block_mask,
                        register_varlen_attention, varlen_attention_forward)
 from .datasets import PackedRowsCollator, PackReport, pack_dataset  # datasets/pyarrow/ray load on first call
+from . import rl  # RL rollouts: micro_batches, pack_rollouts (verl drop-in: packkit.integrations.verl)
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences", "pack_on_device",
            "pack_layout", "check_plan", "PLAN_ERRORS", "PackLayout", "PackInfo", "LAYOUTS",
