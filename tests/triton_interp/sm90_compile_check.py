@@ -89,6 +89,16 @@ def main() -> int:
         for kw in (dict(), dict(pad_id=1, ignore_index=1, position_start=1, mask_first_label=False)):
             P.pack_batch(ids, labels, offs, seg_seq, seg_start, seg_length, torch.tensor([0, 2, 3], **i64), 2, 8,
                          False, 4, **kw)
+    # The context-parallel kernel (triton_kernels/context_parallel.py): both modes, int64/int32 ids and labels.
+    from packkit.triton_kernels import context_parallel as CP
+
+    CP.wrap_triton = _Compiler
+    CP._interpreting = lambda: True
+    cp_cu, cp_cup = torch.tensor([0, 3, 9], **i32), torch.tensor([0, 4, 12], **i32)
+    for ids_dtype, lab_dtype in ((torch.int64, torch.int64), (torch.int32, torch.int64), (torch.int32, torch.int32)):
+        for zigzag in (True, False):
+            CP.cp_shard(torch.zeros(9, dtype=ids_dtype), torch.zeros(9, dtype=lab_dtype), torch.zeros(9, **i64), cp_cu,
+                        cp_cup if zigzag else cp_cu, 2, 1, zigzag, 6 if zigzag else 5, 0, -100)
     print(f"COMPILED {len(_seen)}")
     trace_checks()
     return 0

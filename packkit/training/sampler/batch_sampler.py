@@ -24,10 +24,11 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from ...context_parallel import cp_plan_multiple, parse_context_parallel
 from ...planning.planner import ALGORITHMS, CostSpec, Plan, _cost_model, as_lengths
 from .args import cost_tag, int_arg
 from .epoch import EpochPlan, plan_epoch
-from .ranks import resolve_rank, verify_same_plan
+from .ranks import cp_data_parallel_rank, resolve_rank, verify_same_plan
 
 SAMPLER_OVERLONG = ("error", "drop", "truncate")
 STATE_VERSION = 1
@@ -68,6 +69,12 @@ class PackedBatchSampler(Sampler[list[int]]):
             ``k`` rows of a step one after another, so ``DataLoader(batch_sampler=sampler)`` gives
             ``k`` micro-batches per optimizer step, as HF ``Trainer(gradient_accumulation_steps=k)``
             and torchtune expect. ``len(sampler) = num_steps * k``; ``drop_last`` drops a whole step.
+        context_parallel: ``(cp_size, cp_rank)`` or ``(cp_size, cp_rank, mode)``: rows are planned with
+            ``pad_to_multiple_of=2 * cp_size`` in zigzag mode (capacity must be a multiple), so each row still
+            fits once its documents are CP-padded; give the collator the same ``context_parallel=`` to get the
+            rank's shard. Every rank of a CP group gets the same rows: ``rank``/``world_size`` are
+            data-parallel; taken from ``torch.distributed`` they are ``global rank // cp_size`` and
+            ``world size // cp_size`` (CP groups of consecutive ranks).
 
     Zero-length samples hold no tokens, are planned into no row and are never yielded
     (:attr:`zero_length`).
@@ -76,7 +83,11 @@ class PackedBatchSampler(Sampler[list[int]]):
     def __init__(self, lengths, capacity: int, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  group=None, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  algorithm: str = "ogbfd", cost: CostSpec = "attention", overlong: str = "error",
-                 rows_per_step: int = 1):
+                 rows_per_step: int = 1, context_parallel=None):
+        self.context_parallel = parse_context_parallel(context_parallel)
+        self._cp_multiple = cp_plan_multiple(self.context_parallel)
+        if self.context_parallel is not None and rank is None and world_size is None:
+            rank, world_size = cp_data_parallel_rank(group, self.context_parallel[0])
         self.lengths = as_lengths(lengths).copy()
         self.lengths.flags.writeable = False
         if (self.lengths < 0).any():
@@ -85,6 +96,9 @@ class PackedBatchSampler(Sampler[list[int]]):
         self.capacity = int_arg(capacity, "capacity")
         if self.capacity <= 0:
             raise ValueError(f"capacity must be a positive int, got {self.capacity}")
+        if self._cp_multiple and self.capacity % self._cp_multiple:
+            raise ValueError(f"context_parallel zigzag pads documents to multiples of {self._cp_multiple}; "
+                             f"capacity={self.capacity} must be a multiple of it")
         self.rank, self.world_size = resolve_rank(rank, world_size, group)
         for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(value, (bool, np.bool_)):
@@ -178,7 +192,8 @@ class PackedBatchSampler(Sampler[list[int]]):
             self._epoch_data = plan_epoch(self.lengths, self.capacity, epoch=self.epoch, seed=self.seed,
                                           shuffle=self.shuffle, drop_last=self.drop_last, algorithm=self.algorithm,
                                           cost=self.cost, overlong=self.overlong, world_size=self.world_size,
-                                          rows_per_step=self.rows_per_step)
+                                          rows_per_step=self.rows_per_step,
+                                          pad_to_multiple_of=self._cp_multiple)
         return self._epoch_data
 
     def __len__(self) -> int:

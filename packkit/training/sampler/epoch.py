@@ -35,14 +35,16 @@ class EpochPlan:
 
 
 def plan_epoch(lengths: np.ndarray, capacity: int, *, epoch: int, seed: int, shuffle: bool, drop_last: bool,
-               algorithm: str, cost, overlong: str, world_size: int, rows_per_step: int) -> EpochPlan:
+               algorithm: str, cost, overlong: str, world_size: int, rows_per_step: int,
+               pad_to_multiple_of=None) -> EpochPlan:
     """The epoch's plan: a seeded permutation of the dataset, planned with ``world_size * rows_per_step``
     rows per step, its steps shuffled (the incomplete last one kept last, or dropped with ``drop_last``)."""
     n = len(lengths)
     rng = np.random.default_rng((seed, epoch))
     permutation = rng.permutation(n).astype(np.int64) if shuffle else np.arange(n, dtype=np.int64)
     plan = make_plan(lengths[permutation], capacity, algorithm=algorithm,
-                     dp_size=world_size * rows_per_step, cost=cost, overlong=overlong)
+                     dp_size=world_size * rows_per_step, cost=cost, overlong=overlong,
+                     pad_to_multiple_of=pad_to_multiple_of)
     steps = plan.num_steps
     # The planner puts empty rows only in its last step; that step stays last.
     incomplete = steps > 0 and plan.empty_bins > 0

@@ -44,6 +44,18 @@ def resolve_rank(rank, world_size, group) -> tuple[int, int]:
     return rank, world_size
 
 
+def cp_data_parallel_rank(group, cp_size: int):
+    """(data-parallel rank, size) from torch.distributed with CP groups of consecutive ranks; (None, None)
+    without torch.distributed."""
+    from_dist = dist_rank_world(group)
+    if from_dist is None:
+        return None, None
+    rank, world = from_dist
+    if world % cp_size:
+        raise ValueError(f"world size {world} is not a multiple of cp_size {cp_size}")
+    return rank // cp_size, world // cp_size
+
+
 def deal_rows(row_costs: np.ndarray, world_size: int, k: int) -> np.ndarray:
     """[steps, world_size, k] row positions: each step's world_size*k rows dealt k per rank, costliest
     row first to the rank with the least cost so far in the step (LPT), so ranks' sums are level."""

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from ...context_parallel import cp_plan_multiple, parse_context_parallel, shard_context_parallel
 from ...packing.fields import check_pad_values, check_policy
 from ...packing.multimodal import mrope_spec
 from ...packing.sequences import LAYOUTS
@@ -57,6 +58,12 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             packed (per-token fields like the ids, vision inputs in packed order) or refused, never dropped
             silently; ``mrope=config`` gives ``[4, B, L]`` Qwen-VL positions. An example with fields other
             than per-token ones cannot be truncated or split (ValueError).
+        context_parallel: ``(cp_size, cp_rank)`` or ``(cp_size, cp_rank, mode)``: every item is this
+            context-parallel rank's shard (:func:`packkit.shard_context_parallel`), rows planned with
+            ``pad_to_multiple_of=2 * cp_size`` in zigzag mode (capacity must be a multiple). The ranks of one
+            CP group must read the same examples: ``rank``/``world_size`` are data-parallel; taken from
+            ``torch.distributed`` they are ``global rank // cp_size`` and ``world size // cp_size`` (CP
+            groups of consecutive ranks). Not with ``mrope``.
 
     Each item is ``packkit.pack_sequences(...)``'s dict for its rows (HF keys ``input_ids, labels,
     position_ids, seq_idx, cu_seq_lens_q/k, max_length_q/k``), so use ``DataLoader(ds, batch_size=None)``.
@@ -70,7 +77,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                  carry_threshold: float = 0.99, max_carry: Optional[int] = None, max_carries: int = 8,
                  return_example_ids: bool = False,
                  rank: Optional[int] = None, world_size: Optional[int] = None, pad_values: Optional[dict] = None,
-                 extra_fields: str = "error", mrope=None):
+                 extra_fields: str = "error", mrope=None, context_parallel=None):
         super().__init__()
         if isinstance(source, (str, bytes, Mapping)) or not (callable(source) or hasattr(source, "__iter__")
                                                             or hasattr(source, "__getitem__")):
@@ -133,6 +140,14 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                 raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
             rank = int(rank)
         self.rank, self.world_size = rank, world_size
+        self.context_parallel = parse_context_parallel(context_parallel)
+        self._cp_multiple = cp_plan_multiple(self.context_parallel)
+        if self.context_parallel is not None:
+            if mrope is not None:
+                raise ValueError("context_parallel= does not support mrope=")
+            if self._cp_multiple and self.capacity % self._cp_multiple:
+                raise ValueError(f"context_parallel zigzag pads documents to multiples of {self._cp_multiple}; "
+                                 f"capacity={self.capacity} must be a multiple of it")
         self._epoch = 0
         self._loaded: Optional[dict] = None  # a state to resume from at the next __iter__
         self._progress: Optional[Progress] = None  # the running (or last) pass
@@ -175,7 +190,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
 
     # ------------------------------------------------------------------------------------------ source
     def _shard(self) -> tuple[int, int]:
-        return shard_of(self.rank, self.world_size)
+        return shard_of(self.rank, self.world_size, self.context_parallel[0] if self.context_parallel else 1)
 
     def _pieces(self, position: int, example, stats: Optional[dict] = None) -> list:
         return example_pieces(position, example, stats, input_key=self.input_key, label_key=self.label_key,
@@ -200,7 +215,13 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             progress = Progress(self._epoch, shard, num_shards)
             fresh = self._reader.stream(0, shard, num_shards, progress.epoch)
         self._progress = progress
-        yield from self._run(progress, fresh)
+        if self.context_parallel is None:
+            yield from self._run(progress, fresh)
+        else:
+            cp_size, cp_rank, mode = self.context_parallel
+            for item in self._run(progress, fresh):
+                yield shard_context_parallel(item, cp_size, cp_rank, mode, pad_token_id=self.pad_token_id,
+                                             ignore_index=self.ignore_index)
         self._epoch = progress.epoch + 1
         self._progress = None
         self._last_stats = dict(progress.stats)
@@ -258,7 +279,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                 break
             ages = progress.carry_ages + [0] * (len(pool) - len(progress.carry_ages))  # times carried so far
             lengths = np.fromiter((len(p[2]) for p in pool), np.int64, len(pool))
-            planned = make_plan(lengths, capacity, algorithm=self.algorithm)
+            planned = make_plan(lengths, capacity, algorithm=self.algorithm, pad_to_multiple_of=self._cp_multiple)
             bins = planned.bins
             keep = np.ones(len(bins), bool)
             if not exhausted and self.max_carry and self.max_carries and self.carry_threshold > 0:

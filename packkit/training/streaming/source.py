@@ -13,15 +13,20 @@ import torch.utils.data
 _HF_BATCH = 256  # rows per read from a datasets.IterableDataset
 
 
-def shard_of(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
+def shard_of(rank: Optional[int], world_size: Optional[int], cp_size: int = 1) -> tuple[int, int]:
     """(shard, num_shards) for the calling process: rank * num_workers + worker of world * workers;
-    rank and world_size default to ``torch.distributed`` when initialised, else one rank."""
+    rank and world_size default to ``torch.distributed`` when initialised, else one rank. With context
+    parallelism every rank of a CP group (``cp_size`` consecutive ranks) reads the same examples."""
     world = world_size
     if world is None:
         rank, world = 0, 1
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             rank, world = dist.get_rank(), dist.get_world_size()
+            if cp_size > 1:
+                if world % cp_size:
+                    raise ValueError(f"world size {world} is not a multiple of cp_size {cp_size}")
+                rank, world = rank // cp_size, world // cp_size
     info = torch.utils.data.get_worker_info()
     worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
     return rank * workers + worker, world * workers
