@@ -1,13 +1,13 @@
-"""Every script in examples/ runs end to end as `python examples/X.py`, within 30 s, and prints a result
+"""Every script in examples/ runs end to end as `python examples/X.py`, within 30 s of CPU time, and prints a result
 that shows it worked (the loss fell; every token arrived)."""
 from __future__ import annotations
 
 import importlib.util
 import os
 import re
+import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,13 +23,18 @@ def _needs(*modules):
 
 
 def run_example(name: str) -> str:
+    """Runs the script; it must exit 0 within LIMIT_S seconds of CPU time (user + sys of the script's
+    process). CPU time, not wall time: on the shared 2-core CI machine, with pytest-xdist and other jobs
+    beside it, wall time doubles without the script doing more work. The wall-clock timeout only
+    catches a hang."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
-    start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run([sys.executable, str(EXAMPLES / name)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-    elapsed = time.perf_counter() - start
+                          text=True, timeout=180)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert elapsed < LIMIT_S, f"{name} took {elapsed:.1f} s (limit {LIMIT_S} s)"
+    assert cpu < LIMIT_S, f"{name} used {cpu:.1f} s of CPU time (limit {LIMIT_S} s)"
     return proc.stdout
 
 
