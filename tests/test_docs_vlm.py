@@ -1,4 +1,4 @@
-"""README's "Vision-language models" example runs as written and its comments hold."""
+"""docs/vlm.md's example runs as written and its comments hold (tests/test_docs_examples.py only runs it)."""
 from __future__ import annotations
 
 import re
@@ -10,13 +10,12 @@ import torch
 pytest.importorskip("transformers")
 
 
-def test_readme_vlm_example_runs():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Vision-language models", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_docs_vlm_example_runs():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "vlm.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
     scope: dict = {}
     torch.manual_seed(0)
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/vlm.md", "exec"), scope)
     batch = scope["batch"]
     assert batch["position_ids"].shape == (4, 1, 64) and batch["position_ids"].dtype == torch.int64
     assert batch["pixel_values"].shape == (28, 24)
