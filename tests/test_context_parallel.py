@@ -360,3 +360,20 @@ def test_sampler_and_streaming_context_parallel():
                 want = packkit.shard_context_parallel(whole, cp, r, mode)
                 assert torch.equal(items[r][k]["input_ids"], want["input_ids"])
                 assert torch.equal(items[r][k]["shift_labels"], want["shift_labels"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_one_token_batch_and_trailing_feature_dims(mode):
+    """The ids' shape decides how a field is read: a one-token batch's [1, 1] labels are [B, L] (CI's hypothesis
+    found them read as [T, f]), and a [1, T, 1] field keeps its trailing dim."""
+    batch = packkit.pack_sequences([[53]], labels=[[7]], capacity=8, mask_first_label=False)
+    assert batch["input_ids"].shape == (1, 1)
+    batch["token_weight"] = torch.arange(1, dtype=torch.float32).reshape(1, 1, 1) + 5
+    for rank in range(2):
+        out, info = packkit.shard_context_parallel(batch, 2, rank, mode, return_info=True)
+        ref = reference_shard(batch["input_ids"].reshape(-1), batch["labels"].reshape(-1),
+                              batch["position_ids"].reshape(-1), batch["cu_seq_lens_q"].tolist(), 2, rank, mode)[0]
+        assert torch.equal(out["input_ids"][0], ref["input_ids"]) and torch.equal(out["labels"][0], ref["labels"])
+        assert out["token_weight"].shape[-1] == 1
+        s = info.src_index
+        assert torch.equal(out["token_weight"][0, :, 0], torch.where(s >= 0, torch.tensor(5.0), torch.tensor(0.0)))

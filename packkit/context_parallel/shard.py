@@ -11,6 +11,7 @@ rank's ``input_ids``, ``shift_labels``, ``position_ids``, ``seq_idx`` and source
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import List, NamedTuple, Optional, Sequence, Union
 
@@ -145,22 +146,25 @@ def _cp_op(backend: str):
     return torch.ops.packkit.cp_shard
 
 
-def _flat_tokens(t: torch.Tensor, num_tokens: int, name: str) -> torch.Tensor:
-    """[1, T, *f], [T, *f] or a padded [B, L, *f] batch (B*L == T) as [T, *f]."""
+def _flat_tokens(t: torch.Tensor, ids_shape, name: str) -> torch.Tensor:
+    """A per-token field shaped like the ids (``[1, T, *f]`` or a padded ``[B, L, *f]``), or flat ``[T, *f]``,
+    as ``[T, *f]``. The ids' shape decides, so a ``[1, 1]`` field of a one-token batch is not read as ``[T, f]``."""
+    num_tokens = math.prod(ids_shape)
+    if tuple(t.shape[:len(ids_shape)]) == tuple(ids_shape):
+        return t.reshape(num_tokens, *t.shape[len(ids_shape):])
     if t.dim() >= 1 and t.shape[0] == num_tokens:
         return t
-    if t.dim() >= 2 and t.shape[0] * t.shape[1] == num_tokens:
-        return t.reshape(num_tokens, *t.shape[2:])
-    raise ValueError(f"{name} has shape {tuple(t.shape)}; expected the batch's {num_tokens} tokens")
+    raise ValueError(f"{name} has shape {tuple(t.shape)}; expected the batch's {num_tokens} tokens "
+                     f"(shaped like input_ids {tuple(ids_shape)}, or flat)")
 
 
 def _is_per_token(t, ids_shape) -> bool:
     return isinstance(t, torch.Tensor) and t.dim() >= len(ids_shape) and tuple(t.shape[:len(ids_shape)]) == tuple(ids_shape)
 
 
-def _split_field(t: torch.Tensor, src: torch.Tensor, num_tokens: int) -> torch.Tensor:
+def _split_field(t: torch.Tensor, src: torch.Tensor, ids_shape) -> torch.Tensor:
     """Another per-token field split like the ids (0 on padding): a gather and a select."""
-    flat = _flat_tokens(t, num_tokens, "a per-token field")
+    flat = _flat_tokens(t, ids_shape, "a per-token field")
     got = flat.index_select(0, src.clamp(min=0))
     mask = (src >= 0).reshape(-1, *([1] * (got.dim() - 1)))
     return torch.where(mask, got, torch.zeros((), dtype=got.dtype, device=got.device)).unsqueeze(0)
@@ -205,7 +209,7 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
     num_tokens = ids_in.numel()
     ids = ids_in.reshape(num_tokens)
     labels = batch.get("labels")
-    labels = ids if labels is None else _flat_tokens(labels, num_tokens, "labels")
+    labels = ids if labels is None else _flat_tokens(labels, ids_in.shape, "labels")
     pos = batch.get("position_ids")
     if pos is None:
         raise ValueError("the batch has no position_ids (pack with packkit.pack_sequences or a packkit collator)")
@@ -249,7 +253,7 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
     for key, value in batch.items():
         if key in _CORE_KEYS:
             continue
-        out[key] = _split_field(value, src, num_tokens) if _is_per_token(value, ids_in.shape) else value
+        out[key] = _split_field(value, src, ids_in.shape) if _is_per_token(value, ids_in.shape) else value
     if not return_info:
         return out
     return out, CPShardInfo(cp_size, cp_rank, mode, cu, cup, num_tokens, local_len, src)
