@@ -76,6 +76,23 @@ STABLE_TORCH_LIBRARY(packkit, m) {
   m.def(
       "unpack_padded_out(Tensor packed, Tensor seg_seq, Tensor seg_start, Tensor cu_seqlens, Tensor cu_seg, "
       "bool flat, Tensor(a!) out, float pad_value=0.0) -> ()");
+
+  // --- Context parallelism (issue 25; context_parallel_op.cpp / .cu, Triton: triton_cp_shard) --------
+  // One CP rank's shard of a flat packed row in one pass (pad + split + shift labels; semantics:
+  // tests/cp_reference.py). cu_seqlens int32 [S + 1] covers the row (each document and padding tail a
+  // segment). zigzag: cu_seqlens_padded int32 [S + 1] has every segment padded to a multiple of
+  // 2*cp_size (TE's THD format) and out_len = cu_seqlens_padded[-1] / cp_size; rank r keeps chunks r and
+  // 2*cp_size-1-r of every segment. contiguous (zigzag=False): cu_seqlens_padded is ignored, the row is
+  // padded at its end to cp_size * out_len and rank r keeps the r-th slice. Returns input_ids (pad_id on
+  // padding), shift_labels (labels[i+1] inside a segment, ignore_index at each segment's last token and
+  // on padding), position_ids (the source's; padding continues its segment's count; end padding counts
+  // from 0), src_index int64 (source token or -1) and seg_idx int32 (segment; S for end padding).
+  // out_len comes from the host: no device value is read back.
+  m.def(
+      "cp_shard(Tensor input_ids, Tensor labels, Tensor position_ids, Tensor cu_seqlens, Tensor cu_seqlens_padded, "
+      "int cp_size, int cp_rank, bool zigzag, SymInt out_len, int pad_id=0, int ignore_index=-100) -> "
+      "(Tensor input_ids, Tensor labels, Tensor shift_labels, Tensor position_ids, Tensor src_index, Tensor seg_idx)");
+  // --- end context parallelism --------------------------------------------------------------------
 }
 
 STABLE_TORCH_LIBRARY_IMPL(packkit, CPU, m) {
@@ -90,4 +107,5 @@ STABLE_TORCH_LIBRARY_IMPL(packkit, CPU, m) {
   m.impl("pack_batch_out", TORCH_BOX(&packkit::ops::pack_batch_out_cpu));
   m.impl("unpack_out", TORCH_BOX(&packkit::ops::unpack_out_cpu));
   m.impl("unpack_padded_out", TORCH_BOX(&packkit::ops::unpack_padded_out_cpu));
+  m.impl("cp_shard", TORCH_BOX(&packkit::ops::cp_shard_cpu));  // context parallelism
 }

@@ -9,13 +9,16 @@ from ._version import __version__
 from .planning import ALGORITHMS, OVERLONG_POLICIES, PLAN_ERRORS, Plan, Segments, check_plan, plan, transformer_cost
 from .packing import (LAYOUTS, PackBuffers, PackInfo, PackLayout, mrope_position_ids, ops, pack_layout, pack_on_device,
                       pack_sequences, unpack_sequences)
+from .context_parallel import shard_context_parallel, unshard_context_parallel
 from .training import (PackedBatchSampler, PackedIterableDataset, PackingCollator, document_causal_block_mask,
                        register_varlen_attention, varlen_attention_forward)
 from .datasets import PackedRowsCollator, PackReport, pack_dataset  # datasets/pyarrow/ray load on first call
+from . import rl  # RL rollouts: micro_batches, pack_rollouts (verl drop-in: packkit.integrations.verl)
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences", "pack_on_device",
            "pack_layout", "check_plan", "PLAN_ERRORS", "PackLayout", "PackInfo", "LAYOUTS",
            "PackingCollator", "document_causal_block_mask",
            "PackedBatchSampler", "PackedIterableDataset", "pack_dataset", "PackReport",
            "PackedRowsCollator", "mrope_position_ids", "PackBuffers", "transformer_cost",
-           "register_varlen_attention", "varlen_attention_forward"]
+           "register_varlen_attention", "varlen_attention_forward",
+           "shard_context_parallel", "unshard_context_parallel"]

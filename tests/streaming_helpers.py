@@ -9,7 +9,7 @@ import collections
 import numpy as np
 import torch
 
-import packkit
+from pack_reference import reference_pack_batch
 
 PAD, IGNORE = 0, -100
 MODEL_KEYS = {"input_ids", "labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
@@ -142,18 +142,29 @@ def check_items(items, examples, capacity, *, overlong="error", layout="padded",
             assert sum(len(p[2]) for p in pieces) <= capacity, "a row holds more than capacity tokens"
             if pieces:
                 pieces_rows.append(pieces)
-        # The item is exactly pack_sequences of its rows (one bin per row, padded rows up to rows_per_item).
+        # The item is exactly the plain-PyTorch reference pack of its rows (tests/pack_reference.py: no packkit
+        # code, so a bug shared by the stream and pack_sequences still shows); padded rows up to rows_per_item.
         flat_pieces = [p for row in pieces_rows for p in row]
         lengths = np.array([len(p[2]) for p in flat_pieces], np.int64)
         offsets = np.concatenate(([0], np.cumsum([len(r) for r in pieces_rows]))).astype(np.int64)
+        flat_ids = torch.from_numpy(np.concatenate([p[2] for p in flat_pieces]).astype(np.int64))
         labels = None
         if any(p[3] is not None for p in flat_pieces):
-            labels = torch.from_numpy(np.concatenate([p[2] if p[3] is None else p[3] for p in flat_pieces]))
-        ref = packkit.pack_sequences(
-            torch.from_numpy(np.concatenate([p[2] for p in flat_pieces])), lengths, labels=labels,
-            plan=packkit.Plan.from_bins(lengths, np.split(np.arange(len(lengths)), offsets[1:-1]), capacity), layout=layout,
-            num_rows=rows_per_item if layout == "padded" else None, row_len=capacity if layout == "padded" else None,
-            mask_first_label=mask_first_label)
+            labels = torch.from_numpy(np.concatenate([p[2] if p[3] is None else p[3] for p in flat_pieces])
+                                      .astype(np.int64))
+        n = len(lengths)
+        plan = (torch.arange(n), torch.zeros(n, dtype=torch.int64), torch.from_numpy(lengths), torch.from_numpy(offsets))
+        src_offsets = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))).astype(np.int64))
+        padded = layout == "padded"
+        num_rows = (rows_per_item or len(pieces_rows)) if padded else 1
+        row_len = capacity if padded else int(lengths.sum())
+        ids, lab, pos, seq_idx, cu = reference_pack_batch(flat_ids, labels, src_offsets, *plan, num_rows, row_len,
+                                                          not padded, PAD, IGNORE, mask_first_label, 0)
+        if not padded:
+            ids, lab, pos, seq_idx = (t.unsqueeze(0) for t in (ids, lab, pos, seq_idx))
+        ref = {"input_ids": ids, "labels": lab, "position_ids": pos, "seq_idx": seq_idx, "cu_seq_lens_q": cu,
+               "cu_seq_lens_k": cu, "max_length_q": int((cu[1:] - cu[:-1]).max()),
+               "max_length_k": int((cu[1:] - cu[:-1]).max())}
         for key, value in ref.items():
             if isinstance(value, torch.Tensor):
                 assert value.dtype == item[key].dtype and torch.equal(value, item[key]), key

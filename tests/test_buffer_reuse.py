@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import packkit
+from pack_reference import reference_pack_batch
 from packkit import PackBuffers, PackingCollator
 
 KEYS = ("input_ids", "labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k")
@@ -29,6 +30,18 @@ def same_batch(a: dict, b: dict) -> bool:
         elif x != y:
             return False
     return True
+
+
+def assert_reference_batch(batch, seqs, labels, info, mask_first_label, position_ids_start):
+    """``batch`` equals tests/pack_reference.py's plain-PyTorch pack of ``seqs`` under ``info``'s plan."""
+    ids = torch.tensor([t for s in seqs for t in s], dtype=torch.int64)
+    lab = None if labels is None else torch.cat([torch.as_tensor(x) for x in labels])
+    shape = info.layout
+    want = reference_pack_batch(ids, lab, info.src_offsets, *(torch.from_numpy(a) for a in info.segments),
+                                shape.num_rows, shape.row_len, shape.flat, 0, -100, mask_first_label, position_ids_start)
+    for key, value in zip(("input_ids", "labels", "position_ids", "seq_idx", "cu_seq_lens_q"), want):
+        got = batch[key][0] if shape.flat and key != "cu_seq_lens_q" else batch[key]
+        assert got.dtype == value.dtype and torch.equal(got, value), key
 
 
 def batch_of(rng, n_max=12, len_max=40, label_dtype=None):
@@ -55,6 +68,8 @@ def test_pack_sequences_out_is_bit_identical_over_calls(seed, num_buffers, layou
         fresh, fresh_info = packkit.pack_sequences(seqs, **opts)
         reused, info = packkit.pack_sequences(seqs, out=buffers, **opts)
         assert same_batch(fresh, reused), step
+        # ... and both equal the plain-PyTorch reference (a bug shared by the fresh and reused paths shows here).
+        assert_reference_batch(reused, seqs, labels, info, opts["mask_first_label"], opts["position_ids_start"])
         assert torch.equal(info.cu_seg, fresh_info.cu_seg) and torch.equal(info.cu_seqlens, fresh_info.cu_seqlens)
         # The info works for unpacking, exactly like the fresh one.
         logits = reused["input_ids"].to(torch.float32) * 0.5
@@ -159,18 +174,43 @@ def test_collator_pickles_without_its_buffers():
     assert same_batch(clone([{"input_ids": [1, 2, 3]}]), PackingCollator()([{"input_ids": [1, 2, 3]}]))
 
 
+class _CountingCollator:
+    """The collator, counting finished batches in shared memory so the loop can wait for the worker."""
+
+    def __init__(self, collator, done):
+        self.collator, self.done = collator, done
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        with self.done.get_lock():
+            self.done.value += 1
+        return batch
+
+
 def _held_batches_corrupted(num_buffers: int) -> int:
     """DataLoader with one worker (prefetch_factor=2); the loop holds the current and previous batch.
-    Counts observations of a held batch whose tokens changed under it."""
+    Counts observations of a held batch whose tokens changed under it.
+
+    Deterministic (no sleep): after the loop receives batch i the DataLoader has asked the worker for
+    batches up to i + prefetch_factor, so the loop waits on a shared counter until the worker has built
+    all of them -- the furthest it may run ahead -- before checking what it holds."""
+    import multiprocessing
+
     from torch.utils.data import DataLoader
 
+    ctx = multiprocessing.get_context("fork")
+    done = ctx.Value("i", 0)
     data = [{"input_ids": [i + 1] * 4} for i in range(24)]
     collator = PackingCollator(capacity=8, layout="padded", num_rows=1, reuse_buffers=True, num_buffers=num_buffers)
     held, corrupted = [], 0
-    for i, batch in enumerate(DataLoader(data, batch_size=1, collate_fn=collator, num_workers=1, prefetch_factor=2,
-                                         multiprocessing_context="fork")):
+    for i, batch in enumerate(DataLoader(data, batch_size=1, collate_fn=_CountingCollator(collator, done),
+                                         num_workers=1, prefetch_factor=2, multiprocessing_context=ctx)):
         held = (held + [(i, batch["input_ids"])])[-2:]
-        time.sleep(0.02)  # a training step: the worker runs ahead as far as prefetch_factor allows
+        ahead = min(i + 1 + 2, len(data))
+        deadline = time.monotonic() + 60
+        while done.value < ahead:  # the worker is owed these batches; wait until it has built them
+            assert time.monotonic() < deadline, "the worker did not build the batches it was asked for"
+            time.sleep(0.001)
         corrupted += sum(int(t[0, 0]) != j + 1 for j, t in held)
     return corrupted
 
@@ -179,4 +219,19 @@ def test_dataloader_worker_ring_size_contract():
     """The documented rule: num_buffers >= prefetch_factor + batches held (2 + 2) is safe; the control
     shows a smaller ring really does corrupt held batches (worker buffers are shared memory)."""
     assert _held_batches_corrupted(4) == 0
-    assert _held_batches_corrupted(2) > 0
+    # Exact counts, since the loop waits until the worker ran as far ahead as it may (batch i + 2 of 0..23):
+    # 2 buffers: batch i + 2 overwrites held batch i (i <= 21) and i + 1 overwrites held i - 1 (1 <= i <= 22);
+    # 3 buffers (the README's "3 was shown to corrupt"): batch i + 2 overwrites held i - 1 (1 <= i <= 21).
+    assert _held_batches_corrupted(2) == 22 + 22
+    assert _held_batches_corrupted(3) == 21
+
+
+def test_growing_batches_reallocate_geometrically():
+    """A buffer that must grow takes 25% headroom, so batches growing a little each call do not reallocate every
+    call (kills the mutmut survivor that always allocated exactly the size asked; docs/mutation.md)."""
+    buffers = PackBuffers(1)
+    for n in range(40, 80):
+        packkit.pack_sequences([list(range(1, n + 1))], out=buffers)
+    # The 4 token outputs grow 40 -> 50 -> 62 -> 77 -> 96 (5 allocations each, not 40); cu_seqlens and cu_seg
+    # keep their size (one sequence, no padding): 1 each.
+    assert buffers.allocations == 4 * 5 + 2, buffers.allocations

@@ -121,3 +121,14 @@ def test_bad_features(bad, error, match):
 def test_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PackingCollator(**kwargs)
+
+
+def test_separator_id_none_keeps_first_labels_and_separator_sets_them():
+    """separator_id=None must leave every label as given (audit, issue 27: untested; planted control: a
+    pack_sequences that always masks the first label fails this)."""
+    feats = [{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9], "labels": [1, 2]}, {"input_ids": [10, 11, 12, 13]}]
+    flat = PackingCollator(separator_id=None)(feats)
+    assert flat["labels"].tolist() == [[5, 6, 7, 1, 2, 10, 11, 12, 13]]
+    assert PackingCollator(separator_id=3)(feats)["labels"].tolist() == [[3, 6, 7, 3, 2, 3, 11, 12, 13]]
+    padded = PackingCollator(8, layout="padded", separator_id=None, algorithm="nf")(feats)
+    assert padded["labels"].tolist() == [[5, 6, 7, 1, 2, -100, -100, -100], [10, 11, 12, 13, -100, -100, -100, -100]]

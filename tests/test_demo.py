@@ -18,7 +18,12 @@ def test_demo_prints_table_and_writes_report(tmp_path, capsys):
     for algorithm in packkit.ALGORITHMS:
         assert f"\n{algorithm} " in out
     assert "backend that packed: C++ CPU kernels" in out or "backend that packed: CUDA" in out
-    assert "92.73%" in out  # the bar it is compared against
+    # The printed obfd row holds the planner's figures for the profile, computed here.
+    lengths = demo.demo_lengths()
+    obfd = packkit.plan(lengths, demo.PROFILE["capacity"], overlong="drop")
+    line = next(x for x in out.splitlines() if x.startswith("obfd "))
+    assert line.split()[1:4] == [f"{obfd.num_bins:,}", f"{obfd.lower_bound:,}", f"{obfd.efficiency:.3%}"], line
+    assert "Seed 001's own packer: 92.73% efficiency" in out  # the bar it is compared against
     report = tmp_path / "report"
     assert (report / "report.md").stat().st_size > 0
     sims = json.loads((report / "packing_simulations.json").read_text())
@@ -26,9 +31,21 @@ def test_demo_prints_table_and_writes_report(tmp_path, capsys):
     assert at_capacity and at_capacity[0]["efficiency"] > 0.9273
 
 
-def test_demo_rows_beat_next_fit(capsys):
+def test_demo_rows_beat_next_fit(capsys, monkeypatch):
+    clock = iter(range(10**6))  # every perf_counter() call is one second later: tokens/s = kept tokens / 1 s
+    monkeypatch.setattr(demo.time, "perf_counter", lambda: float(next(clock)))
     rows = demo.run(out=None, sample=512)
     by_name = {r["algorithm"]: r for r in rows}
     assert by_name["obfd"]["bins"] == by_name["obfd"]["lower_bound"] or by_name["obfd"]["efficiency"] > 0.999
     assert by_name["obfd"]["waste_vs_nf"] < 0.01
-    assert all(r["pack_tokens_per_s"] > 0 for r in rows)
+    lengths, capacity = demo.demo_lengths(), demo.PROFILE["capacity"]
+    nf = packkit.plan(lengths, capacity, algorithm="nf", overlong="drop")
+    nf_waste = nf.num_bins * capacity - nf.kept_tokens
+    for r in rows:  # every figure recomputed here from the planner
+        dp = 8 if r["algorithm"] == "ogbfd" else 1
+        p = packkit.plan(lengths, capacity, algorithm=r["algorithm"], overlong="drop", dp_size=dp, cost="attention")
+        assert r["bins"] == p.num_bins and r["waste_tokens"] == p.num_bins * capacity - p.kept_tokens
+        assert r["waste_vs_nf"] == pytest.approx(r["waste_tokens"] / nf_waste)
+        head = packkit.plan(lengths[:512], capacity, algorithm=r["algorithm"], overlong="drop", dp_size=dp,
+                            cost="attention")
+        assert r["pack_tokens_per_s"] == pytest.approx(head.kept_tokens), r["algorithm"]

@@ -207,3 +207,77 @@ def test_sequences_of_different_feature_shapes_are_a_value_error():
     """Fuzz finding: tensors of different trailing shapes reached torch.cat (RuntimeError)."""
     with pytest.raises(ValueError, match=r"sequences\[1\] has shape \(1, 3\) but sequences\[0\] has \(2,\)"):
         packkit.pack_sequences([torch.tensor([1, 2]), torch.tensor([[1, 2, 3]])], capacity=8)
+
+
+# --- mask_first_label=False against values built here (audit, issue 27: a pack_sequences that always masked
+# passed every test). Planted-bug control: pass mask_first_label=True to the op unconditionally -> these fail.
+@pytest.mark.parametrize("with_labels", [False, True])
+def test_mask_first_label_false_keeps_every_first_label_flat(with_labels):
+    seqs = random_sequences(11, n=7)
+    labels = [[(t * 7) % 997 + 1 for t in s] for s in seqs] if with_labels else None
+    source = labels if with_labels else seqs
+    kept = packkit.pack_sequences(seqs, labels=labels, mask_first_label=False)
+    assert kept["labels"][0].tolist() == [t for s in source for t in s]  # every label, first ones included
+    masked = packkit.pack_sequences(seqs, labels=labels, mask_first_label=True)
+    assert masked["labels"][0].tolist() == [-100 if j == 0 else t for s in source for j, t in enumerate(s)]
+
+
+@pytest.mark.parametrize("layout", ["flat", "padded"])
+def test_mask_first_label_false_equals_reference_with_a_plan(layout):
+    seqs = random_sequences(12, n=15, max_len=40)
+    lengths = [len(s) for s in seqs]
+    plan = packkit.plan(lengths, 48)
+    flat_ids = torch.tensor([t for s in seqs for t in s], dtype=torch.int64)
+    seg = plan.segments
+    src_offsets = torch.tensor(np.concatenate(([0], np.cumsum(lengths))), dtype=torch.int64)
+    rows = plan.num_bins if layout == "padded" else 1
+    row_len = 48 if layout == "padded" else int(sum(lengths))
+    for mask in (False, True):
+        got = packkit.pack_sequences(seqs, plan=plan, layout=layout, mask_first_label=mask)
+        want = reference_pack_batch(flat_ids, None, src_offsets, *(torch.from_numpy(a) for a in seg), rows, row_len,
+                                    layout == "flat", 0, -100, mask, 0)
+        assert torch.equal(got["labels"].reshape(want[1].shape), want[1]), mask
+        real = got["input_ids"] != 0  # ids are drawn from [3, 1000): 0 is padding
+        ids, first = got["input_ids"][real], got["position_ids"][real] == 0
+        # Independent of the reference: labels are the ids, -100 at each document's first token iff masking.
+        assert torch.equal(got["labels"][real], torch.where(first & mask, torch.full_like(ids, -100), ids)), mask
+
+
+@pytest.mark.parametrize("has_cuda_kernels", [True, False])
+def test_backend_choice_for_cuda_devices_without_a_gpu(monkeypatch, has_cuda_kernels):
+    """Backend selection is pure Python: its CUDA-device branches are tested here, GPU or not (the GPU
+    test tests/gpu/test_cuda_paths.py::test_auto_backend_uses_the_cuda_kernels only runs with kernels built)."""
+    from packkit.packing import ops
+    from packkit.packing.sequences import _backend_for
+
+    monkeypatch.setattr(ops, "HAS_CUDA_KERNELS", has_cuda_kernels)
+    cuda = torch.device("cuda", 0)
+    assert _backend_for(cuda, "auto") == ("cuda" if has_cuda_kernels else "triton")
+    assert _backend_for(cuda, "triton") == "triton"
+    if has_cuda_kernels:
+        assert _backend_for(cuda, "cuda") == "cuda"
+    else:
+        with pytest.raises(ValueError, match="built without CUDA kernels"):
+            _backend_for(cuda, "cuda")
+    with pytest.raises(ValueError, match="data is on a CUDA device"):
+        _backend_for(cuda, "cpu")
+    for backend in ("auto", "cpu"):
+        assert _backend_for(torch.device("cpu"), backend) == "cpu"
+    for backend in ("cuda", "triton"):
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            _backend_for(torch.device("cpu"), backend)
+    with pytest.raises(ValueError, match="packs on CPU or CUDA devices"):
+        _backend_for(torch.device("meta"), "auto")
+    with pytest.raises(ValueError, match="unknown backend"):
+        _backend_for(cuda, "tpu")
+
+
+def test_pack_on_device_passes_overlong_on():
+    """pack_on_device works on CPU tensors too; its overlong= reaches the planner (kills a mutmut survivor that
+    dropped it; docs/mutation.md)."""
+    ids = torch.arange(1, 31)
+    batch, info = packkit.pack_on_device(ids, torch.tensor([20, 10]), 12, overlong="split")
+    assert batch["input_ids"].shape == (3, 12)
+    assert torch.equal(packkit.unpack_sequences(batch["input_ids"], info), ids)  # every token, split and back
+    with pytest.raises(ValueError, match="longer than"):
+        packkit.pack_on_device(ids, torch.tensor([20, 10]), 12)  # the default policy is "error"

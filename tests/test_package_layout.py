@@ -136,7 +136,8 @@ PUBLIC_API = ["ALGORITHMS", "LAYOUTS", "OVERLONG_POLICIES", "PLAN_ERRORS", "Pack
               "PackReport", "PackedBatchSampler", "PackedIterableDataset", "PackedRowsCollator", "PackingCollator",
               "Plan", "Segments", "check_plan", "document_causal_block_mask", "mrope_position_ids", "pack_dataset",
               "pack_layout", "pack_on_device", "pack_sequences", "plan", "register_varlen_attention",
-              "transformer_cost", "unpack_sequences", "varlen_attention_forward"]
+              "shard_context_parallel", "transformer_cost", "unpack_sequences", "unshard_context_parallel",
+              "varlen_attention_forward"]
 
 
 def test_public_api_is_unchanged():
@@ -147,7 +148,7 @@ def test_public_api_is_unchanged():
     import torch
 
     for op in ("plan", "layout", "pack", "pack_batch", "unpack", "unpack_padded", "layout_out", "pack_out",
-               "pack_batch_out", "unpack_out", "unpack_padded_out"):
+               "pack_batch_out", "unpack_out", "unpack_padded_out", "cp_shard"):
         assert hasattr(torch.ops.packkit, op), op
 
 

@@ -56,12 +56,36 @@ def test_bound_never_exceeds_the_brute_force_optimum(lengths, cost):
     assert step_balance_lower_bound(lengths, capacity, dp, steps, *cost) <= best * (1 + 1e-12)
 
 
+CONTROL_CASES = [[10, 6], [10, 6, 4], [9, 9, 2, 2], [7, 7, 7, 3], [8, 5, 5, 2, 1], [6, 6, 6, 6], [3, 3, 2]]
+
+
+def bound_violations(bound, cases=CONTROL_CASES, capacity=10, dp=2, cost=(0.0, 1.0)):
+    """Cases where ``bound`` exceeds the brute-force optimum: what test_bound_never_exceeds_the_brute_force_optimum
+    asserts never happens."""
+    bad = []
+    for lengths in cases:
+        steps = -(-len(lengths) // dp)
+        if bound(lengths, capacity, dp, steps, *cost) > brute_force_best_balance(lengths, capacity, dp, steps, *cost) * (1 + 1e-12):
+            bad.append(lengths)
+    return bad
+
+
 def test_bound_control_a_wrong_bound_would_be_caught():
-    # The brute force finds plans below "max item / mean" style guesses: [10, 6, 4] at dp 2 fits in
-    # one step as {10}, {6, 4} with costs 100, 52, while the bound stays below that optimum.
-    best = brute_force_best_balance([10, 6, 4], 10, 2, 2, 0.0, 1.0)
-    assert best == pytest.approx(100 / 76)
-    assert step_balance_lower_bound([10, 6, 4], 10, 2, 2, 0.0, 1.0) <= best
+    """The brute-force comparison can fail: wrong bounds fed to it are caught, the real one is not
+    (audit, issue 27: the old control's guess equalled the optimum on its only input)."""
+    assert bound_violations(step_balance_lower_bound) == []
+    wrong = {
+        # one step's cost taken as every step's: ignores that later steps may be cheaper
+        "steps x max item": lambda l, c, dp, s, a, b: s * max(a * x + b * x * x for x in l) / (
+            sum(a * x + b * x * x for x in l) / dp),
+        # the `steps` costliest items taken to lead distinct steps (they may share one, as {10} | {6, 4} does)
+        "top items in distinct steps": lambda l, c, dp, s, a, b: sum(sorted(a * x + b * x * x for x in l)[-s:]) / (
+            sum(a * x + b * x * x for x in l) / dp),
+        # 5% too optimistic about how far from balance a plan must be
+        "bound x 1.05": lambda *args: 1.05 * step_balance_lower_bound(*args),
+    }
+    for name, bound in wrong.items():
+        assert bound_violations(bound), f"the wrong bound {name!r} went unnoticed"
 
 
 @SETTINGS

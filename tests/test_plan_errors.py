@@ -70,8 +70,18 @@ def test_cost_callable_exception_propagates():
 
 
 def test_plan_arrays_are_read_only():
-    plan = packkit.plan([3, 4, 5], 8)
+    """Every array a Plan hands out is read-only (a caller cannot corrupt a plan that packs later), and the
+    values are still the plan's after the refused writes."""
+    plan = packkit.plan([3, 4, 5, 9, 1], 8, overlong="split", algorithm="ogbfd", dp_size=2)
+    arrays = {**plan.segments._asdict(), "dropped": plan.dropped, "truncated": plan.truncated, "split": plan.split,
+              "zero_length": plan.zero_length, "rank_costs": plan.rank_costs}
+    before = {k: v.copy() for k, v in arrays.items()}
+    for name, array in arrays.items():
+        assert not array.flags.writeable, name
+        if array.size:
+            with pytest.raises(ValueError, match="read-only"):
+                array.flat[0] = 7
+    for name, array in arrays.items():
+        assert np.array_equal(array, before[name]), name
     with pytest.raises(ValueError):
-        plan.segments.seq_index[0] = 7
-    with pytest.raises(ValueError):
-        plan.rank_bins(1)
+        plan.rank_bins(2)  # ranks are 0..dp_size-1

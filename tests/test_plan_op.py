@@ -50,10 +50,16 @@ def test_op_errors_are_clear():
 
 
 def test_op_accepts_non_contiguous_lengths():
-    lengths = torch.arange(1, 41)[::2]
+    lengths = torch.arange(1, 41)[::2]  # 1, 3, ..., 39: a stride-2 view
     got = torch.ops.packkit.plan(lengths, 50)
     want = packkit.plan(lengths.contiguous(), 50).segments
-    np.testing.assert_array_equal(got[0].numpy(), want.seq_index)
+    for g, w in zip(got, want):  # all four CSR arrays, not only seg_seq
+        np.testing.assert_array_equal(g.numpy(), w)
+    # Read with the stride (not the first 20 int64s of the storage): every sequence whole, once, rows <= 50.
+    seg_seq, seg_start, seg_length, bin_offsets = (t.tolist() for t in got)
+    assert sorted(seg_seq) == list(range(20)) and set(seg_start) == {0}
+    assert [seg_length[seg_seq.index(i)] for i in range(20)] == list(range(1, 41, 2))
+    assert all(sum(seg_length[a:b]) <= 50 for a, b in zip(bin_offsets, bin_offsets[1:]))
 
 
 def test_compile_fullgraph_with_dynamic_output_sizes():

@@ -90,7 +90,6 @@ def test_generator_makes_both_kinds_and_every_error_kind():
 
 
 def test_check_plan_raises_with_every_problem_named():
-    c = bad_case(3)
     good = packkit.plan(torch.tensor([3, 5, 2]).numpy(), 8)
     seq, start, length, offsets = (torch.from_numpy(a.copy()) for a in good.segments)
     src_offsets = torch.tensor([0, 3, 8, 10])
@@ -105,7 +104,11 @@ def test_check_plan_raises_with_every_problem_named():
         packkit.check_plan(src_offsets, seq.int(), start, length, offsets, num_cu_seqlens=num_cu, **kwargs)
     with pytest.raises(ValueError, match="go together"):
         packkit.check_plan(src_offsets, seq, start, length, **kwargs)
-    assert c is not None
+    # Two problems at once: both are named, each in PLAN_ERRORS' words.
+    offsets[-1] += 1
+    with pytest.raises(ValueError) as err:
+        packkit.check_plan(src_offsets, seq, start, length, offsets, num_cu_seqlens=num_cu, **kwargs)
+    assert PLAN_ERRORS[4] in str(err.value) and PLAN_ERRORS[8] in str(err.value), str(err.value)
 
 
 def test_reported_asan_reproducer_raises_before_reading():

@@ -112,7 +112,13 @@ def test_single_process_defaults():
 def test_empty_dataset():
     s = PackedBatchSampler([], 10, rank=1, world_size=2)
     assert len(s) == 0 and list(s) == [] and s.balance == 1.0
-    s.load_state_dict(s.state_dict())
+    state = s.state_dict()
+    assert state["steps_done"] == 0 and state["epoch"] == 0
+    fresh = PackedBatchSampler([], 10, rank=1, world_size=2)
+    fresh.load_state_dict(json.loads(json.dumps(state)))
+    assert fresh.state_dict() == state and list(fresh) == [] and len(fresh) == 0
+    with pytest.raises(ValueError, match="state does not match"):  # the round trip really compares
+        PackedBatchSampler([], 20, rank=1, world_size=2).load_state_dict(state)
 
 
 # -- the last step -------------------------------------------------------------------------------
@@ -244,8 +250,9 @@ def test_state_mismatch_raises():
                      (dict(seed=1), "seed"), (dict(cost="tokens"), "cost"), (dict(shuffle=False), "shuffle")):
         args = dict(capacity=8192, rank=0, world_size=2) | kw
         capacity = args.pop("capacity")
-        with pytest.raises(ValueError, match=f"state does not match.*{what}"):
+        with pytest.raises(ValueError, match=f"state does not match.*{what}: saved ") as err:
             PackedBatchSampler(lengths, capacity, **args).load_state_dict(state)
+        assert "saved None" not in str(err.value)  # the saved value is named, not lost
     changed = lengths.copy()
     changed[0] += 1
     with pytest.raises(ValueError, match="lengths_digest"):
@@ -472,3 +479,22 @@ def test_gloo_two_processes(tmp_path):
     balance = sums.max(1).sum() / sums.mean(1).sum()
     assert balance == pytest.approx(ranks[0]["balance"]) and balance <= 1.01
     assert all(r["resumed"] == r["rows"][acc["resume_at"]:] for r in ranks)
+
+
+def test_from_dataset_reads_0d_tensor_lengths():
+    """Lengths held as 0-d tensors (what a torch Dataset often returns) are read as ints (kills a mutmut
+    survivor; docs/mutation.md)."""
+    data = [{"n": torch.tensor(n)} for n in (5, 7, 3, 9)]
+    s = PackedBatchSampler.from_dataset(data, 10, length_key="n")
+    assert list(s.lengths) == [5, 7, 3, 9]
+
+
+def test_fresh_sampler_state_is_the_start_of_epoch_0():
+    """A state taken before any iteration resumes from the first row (kills a mutmut survivor that started
+    the count at 1; docs/mutation.md)."""
+    lengths = [5, 6, 7, 8, 9, 3]
+    s = PackedBatchSampler(lengths, 10, rank=0, world_size=2)
+    assert s.state_dict()["steps_done"] == 0 and s.state_dict()["epoch"] == 0
+    resumed = PackedBatchSampler(lengths, 10, rank=0, world_size=2)
+    resumed.load_state_dict(s.state_dict())
+    assert list(resumed) == list(PackedBatchSampler(lengths, 10, rank=0, world_size=2))

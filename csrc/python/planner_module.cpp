@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "../planner/micro_batches.hpp"
 #include "../planner/planner.hpp"
 
 namespace py = pybind11;
@@ -66,6 +67,30 @@ py::dict plan(py::array_t<int64_t, py::array::c_style> lengths, int64_t capacity
   return out;
 }
 
+// packkit.rl.micro_batches' layout at K micro-batches per rank: None if infeasible at K, else a dict with
+// order (items grouped by micro-batch rank * K + step, ascending), offsets, tokens, costs.
+py::object rl_micro_batches(py::array_t<int64_t, py::array::c_style> lengths,
+                            py::array_t<double, py::array::c_style> costs, int64_t capacity, int64_t dp_size,
+                            int64_t num_micro_batches, bool equal_count, int refine_rounds) {
+  if (lengths.ndim() != 1 || costs.ndim() != 1 || lengths.shape(0) != costs.shape(0))
+    throw packkit::InvalidInput("lengths and costs must be 1-D and of the same size");
+  packkit::MicroBatchLayout result;
+  try {
+    py::gil_scoped_release no_gil;
+    result = packkit::rl_micro_batches(lengths.data(), costs.data(), lengths.shape(0), capacity, dp_size,
+                                       num_micro_batches, equal_count, refine_rounds);
+  } catch (const std::invalid_argument& e) {
+    throw packkit::InvalidInput(e.what());
+  }
+  if (!result.feasible) return py::none();
+  py::dict out;
+  out["order"] = to_numpy(std::move(result.order));
+  out["offsets"] = to_numpy(std::move(result.offsets));
+  out["tokens"] = to_numpy(std::move(result.tokens));
+  out["costs"] = to_numpy(std::move(result.costs));
+  return std::move(out);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_planner, m) {
@@ -73,4 +98,6 @@ PYBIND11_MODULE(_planner, m) {
   py::register_exception<packkit::InvalidInput>(m, "InvalidInput", PyExc_ValueError);
   m.def("plan", &plan, py::arg("lengths"), py::arg("capacity"), py::arg("algorithm"), py::arg("overlong"),
         py::arg("dp_size"), py::arg("cost_a"), py::arg("cost_b"), py::arg("cost_fn") = py::none());
+  m.def("rl_micro_batches", &rl_micro_batches, py::arg("lengths"), py::arg("costs"), py::arg("capacity"),
+        py::arg("dp_size"), py::arg("num_micro_batches"), py::arg("equal_count"), py::arg("refine_rounds") = 256);
 }

@@ -102,6 +102,7 @@ class Options:
     seed: int = 0
     figures: bool = True
     save_lengths: bool = False
+    cp_sizes: object = None  # context-parallel sizes whose padding cost the report states
 
     def __post_init__(self):
         if self.overlong not in OVERLONG:
@@ -116,6 +117,12 @@ class Options:
             raise AnalyzeError(f"seed must be a non-negative integer, got {self.seed!r}")
         self.seed = int(self.seed)
         self.algorithms = parse_algorithms(self.algorithms, self.dp_size)
+        if self.cp_sizes is not None:
+            values = self.cp_sizes.split(",") if isinstance(self.cp_sizes, str) else self.cp_sizes
+            try:
+                self.cp_sizes = [_positive_int(int(v) if isinstance(v, str) else v, "cp_sizes") for v in values]
+            except ValueError:
+                raise AnalyzeError(f"cp_sizes must be positive integers, got {self.cp_sizes!r}") from None
         if isinstance(self.max_lengths, str) or not hasattr(self.max_lengths, "__iter__"):
             parse_max_lengths(self.max_lengths, None)  # syntax check ("auto" needs the data)
         else:
@@ -128,7 +135,7 @@ def analyze_lengths(lengths, out_dir: str | Path | None = None, *, max_lengths="
                     target_efficiency: float = 0.99, max_dropped_fraction: float = 0.001, batch_size: int = 128,
                     epochs: int = 1, per_device_batch_size: int = 1, padded_micro_batch_size: int = 8, seed: int = 0,
                     figures: bool = True, save_lengths: bool = False, progress: bool | None = None,
-                    source: dict | None = None, command: str | None = None) -> AnalyzeResult:
+                    source: dict | None = None, command: str | None = None, cp_sizes=None) -> AnalyzeResult:
     """Statistics, packing sweep, recommendation and report for an in-memory array of lengths.
 
     Args:
@@ -148,12 +155,15 @@ def analyze_lengths(lengths, out_dir: str | Path | None = None, *, max_lengths="
         figures: write the PNG figures (needs matplotlib). save_lengths: also write ``lengths.npy``.
         source: description of where the lengths came from (set by :func:`analyze`).
         command: the command line, quoted in the report.
+        cp_sizes: context-parallel sizes (ints or a comma string): the report adds the tokens zigzag CP
+            padding (each document to a multiple of ``2 * cp``) costs, and the packs a padding-aware plan
+            (``plan(..., pad_to_multiple_of=2 * cp)``) needs at the recommended max length.
     """
     o = Options(max_lengths=max_lengths, algorithms=algorithms, overlong=overlong, dp_size=dp_size, cost=cost,
                 target_efficiency=target_efficiency, max_dropped_fraction=max_dropped_fraction,
                 batch_size=batch_size, epochs=epochs, per_device_batch_size=per_device_batch_size,
                 padded_micro_batch_size=padded_micro_batch_size, seed=seed, figures=figures,
-                save_lengths=save_lengths)
+                save_lengths=save_lengths, cp_sizes=cp_sizes)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     where = source.get("path") if source else None
@@ -192,6 +202,8 @@ def analyze_lengths(lengths, out_dir: str | Path | None = None, *, max_lengths="
                 "max_lengths": capacities, "results": rows, "padding": padding}
     rec_doc = {"schema": f"packkit.analyze.recommendations/{SCHEMA_VERSION}", "generator": generator,
                **recommendations}
+    if o.cp_sizes:
+        sims_doc["context_parallel"] = context_parallel_cost(lengths, o.cp_sizes, recommendations, overlong)
     result = AnalyzeResult(stats_doc, sims_doc, rec_doc, "", source=source, lengths=lengths, timings=timings)
 
     if out_dir is None:
@@ -265,3 +277,26 @@ def analyze(data: str | Path, out_dir: str | Path | None = None, *, format: str 
     result = analyze_lengths(read.lengths, out_dir, progress=progress, source=read.info, command=command, **options)
     result.timings = {"read": seconds, **result.timings, "total": seconds + result.timings["total"]}
     return result
+
+
+def context_parallel_cost(lengths: np.ndarray, cp_sizes, recommendations: dict, overlong: str) -> list[dict]:
+    """Per cp size: the tokens zigzag CP padding adds (each document rounded up to ``2 * cp``) and the packs a
+    padding-aware plan needs at the recommended max length, next to the plain plan's."""
+    from ..context_parallel import cp_padded_lengths
+    from ..planning.planner import plan
+
+    rec = recommendations["recommended"]
+    capacity, algorithm = int(rec["max_length"]), rec["algorithm"]
+    total = int(lengths.sum())
+    plain = plan(lengths, capacity, algorithm=algorithm, overlong=overlong)
+    out = []
+    for cp in cp_sizes:
+        m = 2 * cp
+        extra = int(cp_padded_lengths(lengths, cp).sum()) - total
+        cap = capacity // m * m
+        aware = plan(lengths, cap, algorithm=algorithm, overlong=overlong, pad_to_multiple_of=m) if cap else None
+        out.append({"cp_size": cp, "multiple": m, "extra_tokens": extra, "extra_fraction": extra / total if total else 0.0,
+                    "capacity": cap, "plain_packs": plain.num_bins,
+                    "padding_aware_packs": aware.num_bins if aware else None,
+                    "padding_aware_efficiency": aware.efficiency if aware else None})
+    return out

@@ -90,6 +90,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="samples longer than the max length (default: drop)")
     g.add_argument("--dp-size", type=int, default=1, metavar="N",
                    help="data-parallel ranks: rows are grouped into steps of N and balance is reported (default: 1)")
+    g.add_argument("--cp-sizes", metavar="LIST",
+                   help="context-parallel sizes (e.g. 2,4,8,16): report the tokens zigzag CP padding costs and the "
+                        "packs a padding-aware plan needs")
     g.add_argument("--cost", default="attention", choices=["tokens", "attention"],
                    help="cost model for the rank balance: attention = sum len^2 (default), tokens = sum len")
     g = p.add_argument_group("recommendation and training dynamics")
@@ -161,7 +164,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             max_dropped_fraction=args.max_dropped_fraction, batch_size=args.batch_size, epochs=args.epochs,
             per_device_batch_size=args.per_device_batch_size,
             padded_micro_batch_size=args.padded_micro_batch_size, seed=args.seed, figures=not args.no_figures,
-            save_lengths=args.save_lengths, command=command)
+            save_lengths=args.save_lengths, command=command, cp_sizes=args.cp_sizes)
     except AnalyzeError as e:
         message = re.sub(r"^(%s)\b" % "|".join(_OPTION_NAMES), lambda m: "--" + m.group(1).replace("_", "-"), str(e))
         print(f"packkit analyze: error: {message}", file=sys.stderr)

@@ -108,6 +108,20 @@ def render(stats: dict, simulations: dict, recommendations: dict, *, figures: li
             f"{eq['optimizer_steps']:,} optimizer steps).", ""]
     out += [f"- note: {n}" for n in tr["notes"]] + ([""] if tr["notes"] else [])
 
+    if simulations.get("context_parallel"):
+        cp_rows = simulations["context_parallel"]
+        out += ["## Context parallelism", "",
+                "Zigzag sharding (ring attention, TE THD) pads every document to a multiple of 2 x cp; a "
+                "padding-aware plan (`packkit.plan(..., pad_to_multiple_of=2 * cp)`) keeps padded rows within "
+                "the max length (rounded down to a multiple of 2 x cp).", ""]
+        out += _table(["cp size", "pad to", "extra tokens", "extra", "max length", "packs (plain)", "packs (padding-aware)",
+                       "efficiency (padding-aware)"],
+                      [[str(r["cp_size"]), str(r["multiple"]), _int(r["extra_tokens"]), _pct(r["extra_fraction"], 3),
+                        _int(r["capacity"]), _int(r["plain_packs"]),
+                        _int(r["padding_aware_packs"]) if r["padding_aware_packs"] is not None else "-",
+                        _pct(r["padding_aware_efficiency"]) if r["padding_aware_efficiency"] is not None else "-"]
+                       for r in cp_rows], "rrrrrrrr") + [""]
+
     out += ["## Packing simulations", "",
             f"Over-long policy `{simulations['overlong']}`, dp size {dp}"
             + (f", balance under `{simulations['cost']}` cost" if dp > 1 else "") + ".", ""]

@@ -71,3 +71,13 @@ def _unpack_padded_fake(packed, seg_seq, seg_start, cu_seqlens, cu_seg, flat, nu
 # The out-variants (packkit::layout_out, pack_out, pack_batch_out, unpack_out, unpack_padded_out) mutate
 # their Tensor(a!) outputs and return nothing: torch traces such ops without a fake impl (opcheck passes
 # on every one, tests/test_pack_out_ops.py), and torch.compile functionalises the mutation.
+
+
+# --- Context parallelism (packkit.context_parallel): sizes from the host int out_len ----------------
+@torch.library.register_fake("packkit::cp_shard")
+def _cp_shard_fake(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_size, cp_rank, zigzag, out_len,
+                   pad_id=0, ignore_index=-100):
+    torch._check(out_len >= 0, lambda: "packkit::cp_shard: out_len must be >= 0")
+    return (input_ids.new_empty((out_len,)), labels.new_empty((out_len,)), labels.new_empty((out_len,)),
+            input_ids.new_empty((out_len,), dtype=torch.int64), input_ids.new_empty((out_len,), dtype=torch.int64),
+            input_ids.new_empty((out_len,), dtype=torch.int32))

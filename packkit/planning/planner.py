@@ -54,8 +54,9 @@ class Plan:
     """
 
     def __init__(self, raw: dict, *, capacity: int, algorithm: str, overlong: str, dp_size: int, num_sequences: int,
-                 cost_ab: tuple | None = (1.0, 0.0)):
+                 cost_ab: tuple | None = (1.0, 0.0), pad_to_multiple_of: int = 1):
         self.capacity = capacity
+        self.pad_to_multiple_of = pad_to_multiple_of  # segments planned at lengths rounded up to this
         self.cost_ab = cost_ab  # (a, b) of the cost model, None for a callable
         self.algorithm = algorithm
         self.overlong = overlong
@@ -177,8 +178,20 @@ class Plan:
         :attr:`num_steps` steps (so ``balance / balance_lower_bound`` is the most left to gain)."""
         if self.cost_ab is None:
             return None
-        return step_balance_lower_bound(self.segments.length, self.capacity, self.dp_size, self.num_steps,
+        return step_balance_lower_bound(self.padded_lengths, self.capacity, self.dp_size, self.num_steps,
                                         *self.cost_ab)
+
+    @cached_property
+    def padded_lengths(self) -> np.ndarray:
+        """Each segment's length rounded up to ``pad_to_multiple_of`` (what the plan packed and costed)."""
+        m = self.pad_to_multiple_of
+        return self.segments.length if m == 1 else (self.segments.length + m - 1) // m * m
+
+    @cached_property
+    def padded_bin_tokens(self) -> np.ndarray:
+        """Tokens in each bin with every segment padded to ``pad_to_multiple_of`` (<= capacity)."""
+        cumulative = np.concatenate(([0], np.cumsum(self.padded_lengths)))
+        return cumulative[self.segments.bin_offsets[1:]] - cumulative[self.segments.bin_offsets[:-1]]
 
     def rank_bins(self, rank: int) -> list[np.ndarray]:
         """Rank ``rank``'s rows, one per step, in step order."""
@@ -300,7 +313,7 @@ def _cost_model(cost: CostSpec):
 
 
 def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_size: int = 1,
-         cost: CostSpec = "tokens", overlong: str = "error") -> Plan:
+         cost: CostSpec = "tokens", overlong: str = "error", pad_to_multiple_of: int | None = None) -> Plan:
     """Bin-pack sequence ``lengths`` into rows of ``capacity`` tokens.
 
     Args:
@@ -320,6 +333,14 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
         overlong: what to do with sequences longer than ``capacity``: ``"error"`` (ValueError
             naming how many and the first), ``"drop"``, ``"truncate"`` (keep the first ``capacity``
             tokens) or ``"split"`` (consecutive pieces packed as separate items). All reported.
+        pad_to_multiple_of: plan every sequence at its length rounded up to a multiple of this (context
+            parallelism pads each document to a multiple of ``2 * cp_size`` for zigzag sharding): the
+            padded lengths are what must fit in ``capacity`` (a multiple of it) and what the cost model
+            and ``rank_costs`` see, so rows planned to capacity still fit once padded. The returned
+            segments keep **real** lengths (what ``pack_sequences`` packs); ``padded_lengths`` and
+            ``padded_bin_tokens`` give the padded ones. Over-long sequences are judged by their padded
+            length (equivalent, as ``capacity`` is a multiple); ``"split"`` pieces are ``capacity``
+            long except the last, so padding only ever lengthens a sequence's last piece.
     """
     array = as_lengths(lengths)
     capacity = _as_count(capacity, "capacity")
@@ -329,6 +350,29 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
     if overlong not in OVERLONG_POLICIES:
         raise ValueError(f"unknown overlong policy {overlong!r}; allowed: {', '.join(OVERLONG_POLICIES)}")
     a, b, cost_fn = _cost_model(cost)
-    raw = _planner.plan(array, capacity, algorithm, overlong, dp_size, a, b, cost_fn)
+    m = 1 if pad_to_multiple_of is None else _as_count(pad_to_multiple_of, "pad_to_multiple_of")
+    if m < 1:
+        raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
+    if capacity % m:
+        raise ValueError(f"capacity={capacity} must be a multiple of pad_to_multiple_of={m} (every row's padded "
+                         f"documents must fill it exactly)")
+    if m > 1 and array.size and int(array.max()) > np.iinfo(np.int64).max - m:
+        raise ValueError("lengths must fit in int64 after padding")
+    planned = array if m == 1 else (array + m - 1) // m * m
+    raw = _planner.plan(planned, capacity, algorithm, overlong, dp_size, a, b, cost_fn)
+    if m > 1:
+        raw = _unpad_segments(raw, array)
     return Plan(raw, capacity=capacity, algorithm=algorithm, overlong=overlong, dp_size=dp_size,
-                num_sequences=len(array), cost_ab=None if cost_fn is not None else (a, b))
+                num_sequences=len(array), cost_ab=None if cost_fn is not None else (a, b), pad_to_multiple_of=m)
+
+
+def _unpad_segments(raw: dict, lengths: np.ndarray) -> dict:
+    """A plan made on padded lengths, with every segment cut back to the tokens its sequence has."""
+    seq, start, length = raw["seg_seq"], raw["seg_start"], raw["seg_length"]
+    real = np.minimum(start + length, lengths[seq]) - start
+    if len(real) and int(real.min()) < 1:  # cannot happen: split pieces are capacity long but the last
+        raise AssertionError("pad_to_multiple_of produced a segment of padding only")
+    raw = dict(raw)
+    raw["seg_length"] = np.ascontiguousarray(real, dtype=np.int64)
+    raw["kept_tokens"] = int(real.sum())
+    return raw

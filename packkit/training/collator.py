@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..context_parallel import cp_plan_multiple, parse_context_parallel, shard_context_parallel
 from ..packing.buffers import PackBuffers
 from ..packing.fields import check_pad_values, check_policy
 from ..packing.multimodal import mrope_spec
@@ -67,6 +68,13 @@ class PackingCollator:
             at least ``prefetch_factor`` + the batches the loop holds (e.g. 4 for prefetch_factor=2 and
             a loop holding the current and previous batch; 3 was measured to corrupt that loop).
         num_buffers: size of that ring (default 2).
+        context_parallel: ``(cp_size, cp_rank)`` or ``(cp_size, cp_rank, mode)`` (mode ``"zigzag"``, default,
+            or ``"contiguous"``): return this context-parallel rank's shard of the packed batch
+            (:func:`packkit.shard_context_parallel`: ``shift_labels``, global ``position_ids``, local
+            ``cu_seq_lens_q/k``; ``num_items_in_batch`` counts the whole batch). With a ``capacity``, rows are
+            planned with ``pad_to_multiple_of=2 * cp_size`` in zigzag mode (capacity must be a multiple), so
+            each planned row still fits once its documents are padded. Use the flat layout: in the padded
+            layout every row's padding tail is padded too. Not with ``mrope`` or ``return_block_mask``.
     """
 
     def __init__(self, capacity: Optional[int] = None, *, layout: str = "flat", algorithm: str = "obfd",
@@ -75,7 +83,8 @@ class PackingCollator:
                  separator_id: Optional[int] = -100, position_ids_start: int = 0, device=None,
                  backend: str = "auto", return_block_mask: bool = False, return_num_items: bool = False,
                  input_key: str = "input_ids", label_key: str = "labels", pad_values: Optional[dict] = None,
-                 extra_fields: str = "error", mrope=None, reuse_buffers: bool = False, num_buffers: int = 2):
+                 extra_fields: str = "error", mrope=None, reuse_buffers: bool = False, num_buffers: int = 2,
+                 context_parallel=None):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
         if algorithm not in ALGORITHMS:
@@ -104,6 +113,14 @@ class PackingCollator:
                                  "must be 0")
         self.mrope = mrope
         self.buffers = PackBuffers(num_buffers) if reuse_buffers else None
+        self.context_parallel = parse_context_parallel(context_parallel)
+        self._cp_multiple = cp_plan_multiple(self.context_parallel)
+        if self.context_parallel is not None:
+            if mrope is not None or return_block_mask:
+                raise ValueError("context_parallel= does not support mrope= or return_block_mask=True")
+            if self._cp_multiple and capacity is not None and capacity % self._cp_multiple:
+                raise ValueError(f"context_parallel zigzag pads documents to multiples of {self._cp_multiple}; "
+                                 f"capacity={capacity} must be a multiple of it")
 
     # -- features -> flat host tensors ----------------------------------------------------------
     def _gather(self, features):
@@ -163,7 +180,8 @@ class PackingCollator:
         extra = dict(fields=fields, pad_values=self.pad_values, extra_fields=self.extra_fields, mrope=self.mrope)
         mask_first = self.separator_id is not None
         if self.layout == "flat":
-            plan = make_plan(lengths, self.capacity, algorithm="nf", overlong=self.overlong) if self.capacity else None
+            plan = make_plan(lengths, self.capacity, algorithm="nf", overlong=self.overlong,
+                             pad_to_multiple_of=self._cp_multiple) if self.capacity else None
             kept = plan.kept_tokens if plan is not None else int(lengths.sum())
             row_len = _round_up(kept, self.pad_to_multiple_of) if self.pad_to_multiple_of else None
             if kept == 0 and self.capacity:  # e.g. a sampler's empty last-step row: one padding row, not [1, 0]
@@ -174,7 +192,8 @@ class PackingCollator:
                                          device=self.device, backend=self.backend, return_info=True, out=self.buffers,
                                          **extra)
         else:
-            plan = make_plan(lengths, self.capacity, algorithm=self.algorithm, overlong=self.overlong)
+            plan = make_plan(lengths, self.capacity, algorithm=self.algorithm, overlong=self.overlong,
+                             pad_to_multiple_of=self._cp_multiple)
             row_len = self.capacity
             if not self.pad_to_capacity:
                 longest = int(plan.bin_tokens.max()) if plan.num_bins else 1
@@ -196,6 +215,10 @@ class PackingCollator:
             # The mask keeps seq_idx for attention time: a reused buffer would change under it.
             seq_idx = batch["seq_idx"] if self.buffers is None else batch["seq_idx"].clone()
             batch["attention_mask"] = document_causal_block_mask(seq_idx)
+        if self.context_parallel is not None:
+            cp_size, cp_rank, mode = self.context_parallel
+            batch = shard_context_parallel(batch, cp_size, cp_rank, mode, pack_info=info,
+                                           pad_token_id=self.pad_token_id, ignore_index=self.ignore_index)
         return batch
 
     def _set_first_labels(self, batch: dict, info) -> None:

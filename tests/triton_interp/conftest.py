@@ -35,7 +35,7 @@ _POISON = (0xA5, 0x5A, 0xFF, 0x7F, 0x81)
 
 
 class _GuardedTorch:
-    """Stands in for the ``torch`` module inside packkit.triton_kernels.pack: ``empty`` returns poisoned,
+    """Stands in for the ``torch`` module inside the packkit.triton_kernels op families: ``empty`` returns poisoned,
     guarded views; everything else is torch."""
 
     def __init__(self, torch_module):
@@ -69,10 +69,11 @@ class _GuardedTorch:
 def guarded_outputs(monkeypatch):
     import torch
 
-    from packkit.triton_kernels import pack
+    from packkit.triton_kernels import layout, pack, pack_batch, unpack
 
     proxy = _GuardedTorch(torch)
-    monkeypatch.setattr(pack, "torch", proxy)
+    for family in (layout, pack, pack_batch, unpack):  # each op family allocates its own outputs
+        monkeypatch.setattr(family, "torch", proxy)
     yield proxy
     proxy.check_guards()
 

@@ -21,7 +21,10 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
+from packkit.triton_kernels import common, layout, pack_batch, unpack  # noqa: E402
 from packkit.triton_kernels import pack as P  # noqa: E402
+
+FAMILIES = (layout, P, pack_batch, unpack)
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = make_backend(TARGET)
@@ -52,11 +55,12 @@ class _Compiler:
 def main() -> int:
     try:
         BACKEND.parse_options({})
-        P.wrap_triton = _Compiler
+        for family in FAMILIES:  # each op family module launches through its own wrap_triton
+            family.wrap_triton = _Compiler
     except Exception as exc:  # triton internals moved: the harness, not the kernels, is at fault
         print(f"HARNESS UNSUPPORTED: {exc!r}")
         return 77
-    P._interpreting = lambda: True  # CPU tensors stand in for device tensors; nothing runs
+    common._interpreting = lambda: True  # CPU tensors stand in for device tensors; nothing runs
     i64 = dict(dtype=torch.int64)
     i32 = dict(dtype=torch.int32)
     seg_length = torch.tensor([3, 2, 4], **i64)
@@ -85,6 +89,16 @@ def main() -> int:
         for kw in (dict(), dict(pad_id=1, ignore_index=1, position_start=1, mask_first_label=False)):
             P.pack_batch(ids, labels, offs, seg_seq, seg_start, seg_length, torch.tensor([0, 2, 3], **i64), 2, 8,
                          False, 4, **kw)
+    # The context-parallel kernel (triton_kernels/context_parallel.py): both modes, int64/int32 ids and labels.
+    from packkit.triton_kernels import context_parallel as CP
+
+    CP.wrap_triton = _Compiler
+    CP._interpreting = lambda: True
+    cp_cu, cp_cup = torch.tensor([0, 3, 9], **i32), torch.tensor([0, 4, 12], **i32)
+    for ids_dtype, lab_dtype in ((torch.int64, torch.int64), (torch.int32, torch.int64), (torch.int32, torch.int32)):
+        for zigzag in (True, False):
+            CP.cp_shard(torch.zeros(9, dtype=ids_dtype), torch.zeros(9, dtype=lab_dtype), torch.zeros(9, **i64), cp_cu,
+                        cp_cup if zigzag else cp_cu, 2, 1, zigzag, 6 if zigzag else 5, 0, -100)
     print(f"COMPILED {len(_seen)}")
     trace_checks()
     return 0
@@ -103,7 +117,8 @@ def trace_checks() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").setLevel(logging.ERROR)
-    P.wrap_triton = torch.library.wrap_triton
+    for family in FAMILIES:
+        family.wrap_triton = torch.library.wrap_triton
     i64, i32 = dict(dtype=torch.int64), dict(dtype=torch.int32)
     args = dict(offs=torch.tensor([0, 3, 9], **i64), seg_seq=torch.tensor([0, 1, 1], **i64),
                 seg_start=torch.tensor([0, 0, 2], **i64), seg_length=torch.tensor([3, 2, 4], **i64),

@@ -24,83 +24,14 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from ..planning.planner import ALGORITHMS, CostSpec, Plan, _cost_model, as_lengths, plan as make_plan
+from ...context_parallel import cp_plan_multiple, parse_context_parallel
+from ...planning.planner import ALGORITHMS, CostSpec, Plan, _cost_model, as_lengths
+from .args import cost_tag, int_arg
+from .epoch import EpochPlan, plan_epoch
+from .ranks import cp_data_parallel_rank, resolve_rank, verify_same_plan
 
 SAMPLER_OVERLONG = ("error", "drop", "truncate")
 STATE_VERSION = 1
-
-
-def _int_arg(value, name: str) -> int:
-    """A Python int from an int-like (numpy ints, 0-d integer tensors); bools and floats are refused."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
-            and value.dtype != torch.bool:
-        value = int(value.item())
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    return int(value)
-
-
-def _cost_tag(cost) -> str:
-    if isinstance(cost, str):
-        return cost
-    if isinstance(cost, (tuple, list)):
-        return f"({float(cost[0])!r}, {float(cost[1])!r})"
-    return f"callable:{getattr(cost, '__module__', '?')}.{getattr(cost, '__qualname__', type(cost).__name__)}"
-
-
-def _dist_rank_world(group) -> Optional[tuple[int, int]]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(group), dist.get_world_size(group)
-    if group is not None:
-        raise ValueError("group was given but torch.distributed is not initialised")
-    return None
-
-
-class _Epoch:
-    """Everything derived from (lengths, config, epoch); identical on every rank."""
-
-    def __init__(self, epoch: int, permutation: np.ndarray, plan: Plan, step_order: np.ndarray,
-                 dropped_last: np.ndarray, world_size: int, rows_per_step: int):
-        self.epoch = epoch
-        self.permutation = permutation  # position in the planned order -> dataset index
-        self.plan = plan  # indices in plan.bins are positions in ``permutation``
-        self.step_order = step_order  # yielded step k is plan step step_order[k]
-        self.dropped_last = dropped_last
-        self.rows_per_step = rows_per_step
-        # rank_rows[s, r, j]: position (in its plan step) of rank r's j-th row at plan step s
-        self.rank_rows = _deal_rows(plan.rank_costs, world_size, rows_per_step)
-        per_rank = np.take_along_axis(plan.rank_costs, self.rank_rows.reshape(plan.num_steps, world_size * rows_per_step), axis=1)
-        self.rank_costs = per_rank.reshape(plan.num_steps, world_size, rows_per_step).sum(axis=2)[step_order]
-
-    def num_items(self) -> int:
-        return len(self.step_order) * self.rows_per_step
-
-    def row(self, item: int, rank: int) -> list[int]:
-        """Dataset indices of ``rank``'s ``item``-th yielded row (row ``item % k`` of step ``item // k``)."""
-        step, j = divmod(item, self.rows_per_step)
-        plan_step = int(self.step_order[step])
-        b = plan_step * self.plan.dp_size + int(self.rank_rows[plan_step, rank, j])
-        return self.permutation[self.plan.bins[b]].tolist()
-
-
-def _deal_rows(row_costs: np.ndarray, world_size: int, k: int) -> np.ndarray:
-    """[steps, world_size, k] row positions: each step's world_size*k rows dealt k per rank, costliest
-    row first to the rank with the least cost so far in the step (LPT), so ranks' sums are level."""
-    steps = row_costs.shape[0]
-    if k == 1:  # the planner already placed one row per rank, levelling per-rank totals over steps
-        return np.broadcast_to(np.arange(world_size)[None, :, None], (steps, world_size, 1))
-    out = np.empty((steps, world_size, k), dtype=np.int64)
-    for s in range(steps):
-        sums = np.zeros(world_size)
-        filled = np.zeros(world_size, dtype=np.int64)
-        for pos in np.argsort(-row_costs[s], kind="stable"):
-            open_ranks = np.flatnonzero(filled < k)
-            r = open_ranks[np.argmin(sums[open_ranks])]
-            out[s, r, filled[r]] = pos
-            filled[r] += 1
-            sums[r] += row_costs[s, pos]
-    return out
 
 
 class PackedBatchSampler(Sampler[list[int]]):
@@ -138,6 +69,12 @@ class PackedBatchSampler(Sampler[list[int]]):
             ``k`` rows of a step one after another, so ``DataLoader(batch_sampler=sampler)`` gives
             ``k`` micro-batches per optimizer step, as HF ``Trainer(gradient_accumulation_steps=k)``
             and torchtune expect. ``len(sampler) = num_steps * k``; ``drop_last`` drops a whole step.
+        context_parallel: ``(cp_size, cp_rank)`` or ``(cp_size, cp_rank, mode)``: rows are planned with
+            ``pad_to_multiple_of=2 * cp_size`` in zigzag mode (capacity must be a multiple), so each row still
+            fits once its documents are CP-padded; give the collator the same ``context_parallel=`` to get the
+            rank's shard. Every rank of a CP group gets the same rows: ``rank``/``world_size`` are
+            data-parallel; taken from ``torch.distributed`` they are ``global rank // cp_size`` and
+            ``world size // cp_size`` (CP groups of consecutive ranks).
 
     Zero-length samples hold no tokens, are planned into no row and are never yielded
     (:attr:`zero_length`).
@@ -146,21 +83,28 @@ class PackedBatchSampler(Sampler[list[int]]):
     def __init__(self, lengths, capacity: int, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  group=None, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  algorithm: str = "ogbfd", cost: CostSpec = "attention", overlong: str = "error",
-                 rows_per_step: int = 1):
+                 rows_per_step: int = 1, context_parallel=None):
+        self.context_parallel = parse_context_parallel(context_parallel)
+        self._cp_multiple = cp_plan_multiple(self.context_parallel)
+        if self.context_parallel is not None and rank is None and world_size is None:
+            rank, world_size = cp_data_parallel_rank(group, self.context_parallel[0])
         self.lengths = as_lengths(lengths).copy()
         self.lengths.flags.writeable = False
         if (self.lengths < 0).any():
             i = int(np.flatnonzero(self.lengths < 0)[0])
             raise ValueError(f"lengths must be >= 0; index {i} is {int(self.lengths[i])}")
-        self.capacity = _int_arg(capacity, "capacity")
+        self.capacity = int_arg(capacity, "capacity")
         if self.capacity <= 0:
             raise ValueError(f"capacity must be a positive int, got {self.capacity}")
-        self.rank, self.world_size = self._resolve_rank(rank, world_size, group)
+        if self._cp_multiple and self.capacity % self._cp_multiple:
+            raise ValueError(f"context_parallel zigzag pads documents to multiples of {self._cp_multiple}; "
+                             f"capacity={self.capacity} must be a multiple of it")
+        self.rank, self.world_size = resolve_rank(rank, world_size, group)
         for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
-        self.seed = _int_arg(seed, "seed")
+        self.seed = int_arg(seed, "seed")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0 (numpy SeedSequence), got {self.seed}")
         if algorithm not in ALGORITHMS:
@@ -175,7 +119,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         a, b, cost_fn = _cost_model(cost)  # validates now rather than at the first plan
         # a transformers config becomes its (a, b), so the state fingerprint names the numbers
         self.cost = (a, b) if cost_fn is None and not isinstance(cost, (str, tuple, list)) else cost
-        self.rows_per_step = _int_arg(rows_per_step, "rows_per_step")
+        self.rows_per_step = int_arg(rows_per_step, "rows_per_step")
         if self.rows_per_step < 1:
             raise ValueError(f"rows_per_step must be >= 1, got {self.rows_per_step}")
         over = np.flatnonzero(self.lengths > self.capacity)
@@ -188,35 +132,11 @@ class PackedBatchSampler(Sampler[list[int]]):
         self.zero_length = np.flatnonzero(self.lengths == 0)
         self._lengths_digest = hashlib.blake2b(self.lengths.tobytes(), digest_size=16).hexdigest()
         self.epoch = 0
-        self._epoch_data: Optional[_Epoch] = None
+        self._epoch_data: Optional[EpochPlan] = None
         self._steps_done = 0
         self._resume_from: Optional[int] = None
 
     # -- construction helpers --------------------------------------------------------------------
-    @staticmethod
-    def _resolve_rank(rank, world_size, group) -> tuple[int, int]:
-        if rank is None or world_size is None:
-            from_dist = _dist_rank_world(group)
-            if from_dist is not None:
-                rank = from_dist[0] if rank is None else rank
-                world_size = from_dist[1] if world_size is None else world_size
-            elif world_size is None and rank is None:
-                rank, world_size = 0, 1
-            elif world_size is None:
-                raise ValueError(f"rank={rank!r} was given without world_size and torch.distributed is not "
-                                 "initialised; pass both")
-            elif _int_arg(world_size, "world_size") == 1:
-                rank = 0
-            else:
-                raise ValueError(f"world_size={world_size!r} was given without rank and torch.distributed is not "
-                                 "initialised; pass both")
-        rank, world_size = _int_arg(rank, "rank"), _int_arg(world_size, "world_size")
-        if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}) for world_size={world_size}, got {rank}")
-        return rank, world_size
-
     @classmethod
     def from_dataset(cls, dataset, capacity: int, *, length_key: Union[str, Callable] = "input_ids",
                      **kwargs) -> "PackedBatchSampler":
@@ -231,7 +151,7 @@ class PackedBatchSampler(Sampler[list[int]]):
             if isinstance(value, numbers.Integral) and not isinstance(value, bool):
                 return int(value)
             if isinstance(value, torch.Tensor) and value.dim() == 0:
-                return _int_arg(value, where)
+                return int_arg(value, where)
             try:
                 return len(value)
             except TypeError:
@@ -259,7 +179,7 @@ class PackedBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch's permutation. A pending resume (from :meth:`load_state_dict`) is kept
         only if ``epoch`` is the resumed epoch."""
-        epoch = _int_arg(epoch, "epoch")
+        epoch = int_arg(epoch, "epoch")
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if epoch != self.epoch:
@@ -267,28 +187,13 @@ class PackedBatchSampler(Sampler[list[int]]):
             self._steps_done = 0
         self.epoch = epoch
 
-    def _data(self) -> _Epoch:
-        if self._epoch_data is not None and self._epoch_data.epoch == self.epoch:
-            return self._epoch_data
-        n = len(self.lengths)
-        rng = np.random.default_rng((self.seed, self.epoch))
-        permutation = rng.permutation(n).astype(np.int64) if self.shuffle else np.arange(n, dtype=np.int64)
-        plan = make_plan(self.lengths[permutation], self.capacity, algorithm=self.algorithm,
-                         dp_size=self.world_size * self.rows_per_step, cost=self.cost, overlong=self.overlong)
-        steps = plan.num_steps
-        # The planner puts empty rows only in its last step; that step stays last.
-        incomplete = steps > 0 and plan.empty_bins > 0
-        full = steps - 1 if incomplete else steps
-        order = rng.permutation(full).astype(np.int64) if self.shuffle else np.arange(full, dtype=np.int64)
-        dropped_last = np.zeros(0, np.int64)
-        if incomplete:
-            if self.drop_last:
-                last = plan.segments.seq_index[plan.segments.bin_offsets[full * plan.dp_size]:]
-                dropped_last = np.sort(permutation[last])
-            else:
-                order = np.append(order, full)
-        self._epoch_data = _Epoch(self.epoch, permutation, plan, order, dropped_last, self.world_size,
-                                  self.rows_per_step)
+    def _data(self) -> EpochPlan:
+        if self._epoch_data is None or self._epoch_data.epoch != self.epoch:
+            self._epoch_data = plan_epoch(self.lengths, self.capacity, epoch=self.epoch, seed=self.seed,
+                                          shuffle=self.shuffle, drop_last=self.drop_last, algorithm=self.algorithm,
+                                          cost=self.cost, overlong=self.overlong, world_size=self.world_size,
+                                          rows_per_step=self.rows_per_step,
+                                          pad_to_multiple_of=self._cp_multiple)
         return self._epoch_data
 
     def __len__(self) -> int:
@@ -303,14 +208,14 @@ class PackedBatchSampler(Sampler[list[int]]):
         self._steps_done = start
         return self._rows(data, start)
 
-    def _rows(self, data: _Epoch, start: int) -> Iterator[list[int]]:
+    def _rows(self, data: EpochPlan, start: int) -> Iterator[list[int]]:
         for item in range(start, data.num_items()):
             self._steps_done = item + 1  # counted when handed out, so state_dict() includes this row
             yield data.row(item, self.rank)
 
     def batches(self, rank: Optional[int] = None) -> list[list[int]]:
         """All of ``rank``'s rows (default this rank) for the current epoch, in yielded order."""
-        rank = self.rank if rank is None else _int_arg(rank, "rank")
+        rank = self.rank if rank is None else int_arg(rank, "rank")
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
         data = self._data()
@@ -364,7 +269,7 @@ class PackedBatchSampler(Sampler[list[int]]):
     # -- resume ----------------------------------------------------------------------------------
     def _fingerprint(self) -> dict:
         return {"capacity": self.capacity, "world_size": self.world_size, "num_samples": len(self.lengths),
-                "lengths_digest": self._lengths_digest, "algorithm": self.algorithm, "cost": _cost_tag(self.cost),
+                "lengths_digest": self._lengths_digest, "algorithm": self.algorithm, "cost": cost_tag(self.cost),
                 "overlong": self.overlong, "shuffle": self.shuffle, "drop_last": self.drop_last,
                 "rows_per_step": self.rows_per_step}
 
@@ -378,7 +283,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         """
         if steps_done is None:
             steps_done = self._resume_from if self._resume_from is not None else self._steps_done
-        steps_done = _int_arg(steps_done, "steps_done")
+        steps_done = int_arg(steps_done, "steps_done")
         if not 0 <= steps_done <= len(self):
             raise ValueError(f"steps_done must be in [0, {len(self)}] (steps in epoch {self.epoch}), got {steps_done}")
         return {"version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed, "steps_done": steps_done,
@@ -401,13 +306,13 @@ class PackedBatchSampler(Sampler[list[int]]):
         theirs = dict(state["config"])
         theirs.setdefault("rows_per_step", 1)  # states saved before rows_per_step existed
         diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]}
-        if _int_arg(state["seed"], "seed") != self.seed:
+        if int_arg(state["seed"], "seed") != self.seed:
             diff["seed"] = (state["seed"], self.seed)
         if diff:
             detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
             raise ValueError(f"state does not match this sampler ({detail})")
-        epoch = _int_arg(state["epoch"], "epoch")
-        steps_done = _int_arg(state["steps_done"], "steps_done")
+        epoch = int_arg(state["epoch"], "epoch")
+        steps_done = int_arg(state["steps_done"], "steps_done")
         self.set_epoch(epoch)
         if not 0 <= steps_done <= len(self):
             raise ValueError(f"steps_done must be in [0, {len(self)}], got {steps_done}")
@@ -429,18 +334,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         """Collective: checks that every rank of ``group`` has the same plan for the current epoch
         and a distinct rank (RuntimeError otherwise). Call it on every rank, e.g. once after
         construction; it needs an initialised ``torch.distributed``."""
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("verify() needs an initialised torch.distributed process group")
-        gathered = [None] * dist.get_world_size(group)
-        dist.all_gather_object(gathered, (self.rank, self.world_size, self.epoch, self.plan_digest()), group=group)
-        ranks = sorted(g[0] for g in gathered)
-        if ranks != list(range(self.world_size)) or len(gathered) != self.world_size:
-            raise RuntimeError(f"PackedBatchSampler ranks {ranks} over {len(gathered)} processes do not cover "
-                               f"world_size={self.world_size} exactly once")
-        if len({g[1:] for g in gathered}) != 1:
-            raise RuntimeError("PackedBatchSampler plans differ across ranks (different lengths, config, seed or "
-                               f"epoch): {gathered}")
+        verify_same_plan(self.rank, self.world_size, self.epoch, self.plan_digest(), group)
 
     def __repr__(self) -> str:
         return (f"PackedBatchSampler(samples={len(self.lengths)}, capacity={self.capacity}, rank={self.rank}, "

@@ -1,0 +1,113 @@
+// CUDA implementation of packkit::cp_shard (semantics: tests/cp_reference.py; index math shared with
+// the CPU op in context_parallel.hpp). One kernel, one launch on the current stream: each thread owns
+// output positions, binary-searches its segment in the padded (zigzag) or plain (contiguous)
+// cu_seqlens and gathers input_ids, labels, position_ids and the next label of the same segment. Nothing is
+// read back to the host; out_len comes from the caller. Host checks are metadata only; every device
+// index is bounded (context_parallel.hpp), so inconsistent cu_seqlens give padding, never a fault.
+#include <cuda_runtime.h>
+
+#ifndef USE_CUDA
+#define USE_CUDA
+#endif
+
+#include <tuple>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+
+#include "context_parallel.hpp"
+#include "ops.hpp"
+#include "pack_checks.hpp"
+
+namespace packkit::ops {
+namespace {
+
+constexpr int kCpThreads = 256;
+
+cudaStream_t cp_stream(const Tensor& t) {
+  void* stream = nullptr;
+  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream) == AOTI_TORCH_SUCCESS,
+                  "packkit: could not get the current CUDA stream");
+  return static_cast<cudaStream_t>(stream);
+}
+
+template <typename Id, typename Label>
+__global__ void cp_shard_kernel(const Id* __restrict__ ids, const Label* __restrict__ labels,
+                                const int64_t* __restrict__ pos, const int32_t* __restrict__ cu,
+                                const int32_t* __restrict__ cu_padded, int64_t num_segments, int64_t num_tokens,
+                                int64_t cp_size, int64_t cp_rank, bool zigzag, int64_t out_len, int64_t pad_id,
+                                int64_t ignore_index, Id* __restrict__ out_ids, Label* __restrict__ out_split,
+                                Label* __restrict__ out_labels,
+                                int64_t* __restrict__ out_pos, int64_t* __restrict__ out_src,
+                                int32_t* __restrict__ out_seg) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < out_len;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    const cp::Source w = cp::locate(j, cu, cu_padded, num_segments, num_tokens, cp_size, cp_rank, zigzag, out_len);
+    out_src[j] = w.src;
+    out_seg[j] = static_cast<int32_t>(w.seg);
+    if (w.src >= 0) {
+      out_ids[j] = ids[w.src];
+      out_split[j] = labels[w.src];
+      out_pos[j] = pos[w.src];
+      const int64_t end = w.seg < num_segments ? int64_t{cu[w.seg + 1]} : num_tokens;
+      out_labels[j] = (w.src + 1 < end && w.src + 1 < num_tokens) ? labels[w.src + 1] : static_cast<Label>(ignore_index);
+    } else {
+      out_ids[j] = static_cast<Id>(pad_id);
+      out_split[j] = static_cast<Label>(ignore_index);
+      out_labels[j] = static_cast<Label>(ignore_index);
+      int64_t base = 0;
+      if (w.seg < num_segments) {
+        const int64_t last = int64_t{cu[w.seg + 1]} - 1;
+        if (last >= cu[w.seg] && last >= 0 && last < num_tokens) base = pos[last] + 1;
+      }
+      out_pos[j] = base + w.pad_pos;
+    }
+  }
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cuda(
+    const Tensor& input_ids, const Tensor& labels, const Tensor& position_ids, const Tensor& cu_seqlens,
+    const Tensor& cu_seqlens_padded, int64_t cp_size, int64_t cp_rank, bool zigzag, int64_t out_len, int64_t pad_id,
+    int64_t ignore_index) {
+  check_cp_shard_args(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_size, cp_rank, out_len);
+  STD_TORCH_CHECK(input_ids.is_cuda(), "packkit::cp_shard: inputs must be CUDA tensors here");
+  Tensor ids = torch::stable::new_empty(input_ids, {out_len});
+  Tensor split = torch::stable::new_empty(labels, {out_len});
+  Tensor lab = torch::stable::new_empty(labels, {out_len});
+  Tensor pos = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long);
+  Tensor src = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long);
+  Tensor seg = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Int);
+  if (out_len == 0) return {ids, split, lab, pos, src, seg};
+  const int64_t num_segments = cu_seqlens.numel() - 1;
+  const int64_t num_tokens = input_ids.numel();
+  const int64_t blocks = std::min<int64_t>((out_len + kCpThreads - 1) / kCpThreads, 65535);
+  cudaStream_t stream = cp_stream(input_ids);
+  auto launch = [&](auto id_tag, auto label_tag) {
+    using Id = decltype(id_tag);
+    using Label = decltype(label_tag);
+    cp_shard_kernel<Id, Label><<<static_cast<unsigned>(blocks), kCpThreads, 0, stream>>>(
+        input_ids.const_data_ptr<Id>(), labels.const_data_ptr<Label>(), position_ids.const_data_ptr<int64_t>(),
+        cu_seqlens.const_data_ptr<int32_t>(), cu_seqlens_padded.const_data_ptr<int32_t>(), num_segments, num_tokens,
+        cp_size, cp_rank, zigzag, out_len, pad_id, ignore_index, ids.mutable_data_ptr<Id>(),
+        split.mutable_data_ptr<Label>(), lab.mutable_data_ptr<Label>(), pos.mutable_data_ptr<int64_t>(), src.mutable_data_ptr<int64_t>(),
+        seg.mutable_data_ptr<int32_t>());
+  };
+  const bool id64 = input_ids.scalar_type() == ScalarType::Long;
+  const bool lab64 = labels.scalar_type() == ScalarType::Long;
+  if (id64 && lab64) launch(int64_t{}, int64_t{});
+  else if (id64) launch(int64_t{}, int32_t{});
+  else if (lab64) launch(int32_t{}, int64_t{});
+  else launch(int32_t{}, int32_t{});
+  const cudaError_t err = cudaGetLastError();
+  STD_TORCH_CHECK(err == cudaSuccess, "packkit::cp_shard: CUDA launch failed: ", cudaGetErrorString(err));
+  return {ids, split, lab, pos, src, seg};
+}
+
+}  // namespace packkit::ops
+
+STABLE_TORCH_LIBRARY_IMPL(packkit, CUDA, m) {
+  m.impl("cp_shard", TORCH_BOX(&packkit::ops::cp_shard_cuda));
+}

@@ -1,0 +1,353 @@
+#include "micro_batches.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <queue>
+#include <stdexcept>
+#include <utility>
+
+namespace packkit {
+namespace {
+
+// Segment tree over bins holding each subtree's least cost and most free room: the cheapest bin with room for an
+// item (branch and bound, ties to the lower bin), or the first bin with room, each in about O(log bins).
+class BinTree {
+ public:
+  BinTree(size_t bins, int64_t room) : size_(1) {
+    while (size_ < bins) size_ <<= 1;
+    load_.assign(2 * size_, kInf);
+    room_.assign(2 * size_, -1);
+    for (size_t b = 0; b < bins; ++b) load_[size_ + b] = 0.0, room_[size_ + b] = room;
+    for (size_t i = size_ - 1; i >= 1; --i) pull(i);
+  }
+  int64_t first_fit(int64_t need) const {  // -1 if none
+    if (room_[1] < need) return -1;
+    size_t i = 1;
+    while (i < size_) i = room_[2 * i] >= need ? 2 * i : 2 * i + 1;
+    return static_cast<int64_t>(i - size_);
+  }
+  // Descends towards the cheaper child that has room: the cheapest bin with room whenever the cheapest bin of
+  // each visited subtree has room (the usual case), else a cheap one with room. -1 if none.
+  int64_t cheapest_fit(int64_t need) const {
+    if (room_[1] < need) return -1;
+    size_t i = 1;
+    while (i < size_) {
+      const size_t l = 2 * i, r = l + 1;
+      if (room_[l] < need) i = r;
+      else if (room_[r] < need) i = l;
+      else i = load_[r] < load_[l] ? r : l;
+    }
+    return static_cast<int64_t>(i - size_);
+  }
+  void set(size_t bin, int64_t room, double key) {
+    size_t i = size_ + bin;
+    room_[i] = room;
+    load_[i] = key;
+    for (i >>= 1; i >= 1; i >>= 1) pull(i);
+  }
+
+ private:
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  void pull(size_t i) {
+    load_[i] = std::min(load_[2 * i], load_[2 * i + 1]);
+    room_[i] = std::max(room_[2 * i], room_[2 * i + 1]);
+  }
+  size_t size_;
+  std::vector<double> load_;
+  std::vector<int64_t> room_;
+};
+
+// Items (costliest first) into num_bins bins of `capacity` tokens: the first `lpt` items each to the bin with room
+// holding the least cost + tokens (each relative to its mean per bin: longest processing time first on both, so
+// every bin gets a similar mix of long and short items and swaps can balance them later), the rest longest first
+// by first fit (tight where the cap fragments the room). bin_of[item], load, room are set; false if an item fits
+// nowhere.
+bool pack(const std::vector<int64_t>& items, size_t lpt, const int64_t* lengths, const double* costs,
+          int64_t capacity, size_t num_bins, std::vector<int64_t>& bin_of, std::vector<double>& load,
+          std::vector<int64_t>& room) {
+  load.assign(num_bins, 0.0);
+  room.assign(num_bins, capacity);
+  BinTree tree(num_bins, capacity);
+  double total_cost = 0, total_tokens = 0;
+  for (int64_t item : items) total_cost += costs[item], total_tokens += static_cast<double>(lengths[item]);
+  const double per_cost = total_cost > 0 ? static_cast<double>(num_bins) / total_cost : 0.0;
+  const double per_token = total_tokens > 0 ? static_cast<double>(num_bins) / total_tokens : 0.0;
+  auto put = [&](int64_t item, int64_t b) {
+    bin_of[item] = b;
+    room[b] -= lengths[item];
+    load[b] += costs[item];
+    const double u = load[b] * per_cost, v = static_cast<double>(capacity - room[b]) * per_token;
+    tree.set(static_cast<size_t>(b), room[b], u + v);
+  };
+  lpt = std::min(lpt, items.size());
+  for (size_t j = 0; j < lpt; ++j) {
+    const int64_t item = items[j];
+    const int64_t b = tree.cheapest_fit(lengths[item]);
+    if (b < 0) return false;
+    put(item, b);
+  }
+  if (lpt < items.size()) {
+    std::vector<int64_t> tail(items.begin() + static_cast<std::ptrdiff_t>(lpt), items.end());
+    std::stable_sort(tail.begin(), tail.end(), [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+    for (int64_t item : tail) {
+      const int64_t b = tree.first_fit(lengths[item]);
+      if (b < 0) return false;
+      put(item, b);
+    }
+  }
+  return true;
+}
+
+// Pack with decreasing LPT share until feasible.
+bool pack_any(const std::vector<int64_t>& items, const int64_t* lengths, const double* costs, int64_t capacity,
+              size_t num_bins, std::vector<int64_t>& bin_of, std::vector<double>& load, std::vector<int64_t>& room) {
+  const size_t m = items.size();
+  const size_t tries[] = {m, m - m / 8, m - m / 4, m / 2, m / 4, 0};
+  size_t last = SIZE_MAX;
+  for (size_t lpt : tries) {
+    if (lpt == last) continue;
+    last = lpt;
+    if (pack(items, lpt, lengths, costs, capacity, num_bins, bin_of, load, room)) return true;
+  }
+  return false;
+}
+
+// Local search inside one step: parts[r] are rank r's items. Moves (if allowed) or swaps from the costliest rank
+// to another rank while that lowers the costliest rank's cost below the old maximum and keeps both within the cap.
+constexpr size_t kPartners = 8;  // cheapest ranks tried when the cheapest cannot take from the costliest
+
+void refine_step(std::vector<std::vector<int64_t>>& parts, std::vector<double>& load, std::vector<int64_t>& tok,
+                 const int64_t* lengths, const double* costs, int64_t capacity, bool moves, int rounds) {
+  const size_t dp = parts.size();
+  if (dp < 2) return;
+  double total = 0;
+  for (double x : load) total += x;
+  const double good_enough = total / static_cast<double>(dp) * (1.0 + 1e-5);  // the step's max this close to its mean: stop
+  std::vector<size_t> partners;
+  partners.reserve(dp);
+  // The best move or swap from rank hi to rank lo: kind 1 = move a[i], 2 = swap a[i] with b[k]; 0 = none lowers
+  // the pair's larger cost.
+  auto best_change = [&](size_t hi, size_t lo, size_t& bi, size_t& bk) {
+    const double gap = load[hi] - load[lo];
+    int kind = 0;
+    if (gap <= 0) return kind;
+    const std::vector<int64_t>& a = parts[hi];
+    const std::vector<int64_t>& b = parts[lo];
+    double best_gain = gap * 1e-9;
+    if (moves) {
+      for (size_t i = 0; i < a.size(); ++i) {
+        const double c = costs[a[i]];
+        if (c <= 0 || tok[lo] + lengths[a[i]] > capacity) continue;
+        const double gain = std::min(c, gap - c);
+        if (gain > best_gain) best_gain = gain, kind = 1, bi = i;
+      }
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double ci = costs[a[i]];
+      const int64_t li = lengths[a[i]];
+      for (size_t k = 0; k < b.size(); ++k) {
+        const double d = ci - costs[b[k]];
+        if (d <= best_gain) continue;  // gain = min(d, gap - d) <= d
+        const int64_t dl = li - lengths[b[k]];
+        if (tok[lo] + dl > capacity || tok[hi] - dl > capacity) continue;
+        const double gain = std::min(d, gap - d);
+        if (gain > best_gain) best_gain = gain, kind = 2, bi = i, bk = k;
+      }
+    }
+    return kind;
+  };
+  for (int round = 0; round < rounds; ++round) {
+    size_t hi = 0, lo = 0;
+    for (size_t r = 1; r < dp; ++r) {
+      if (load[r] > load[hi]) hi = r;
+      if (load[r] < load[lo]) lo = r;
+    }
+    if (load[hi] <= good_enough) return;
+    size_t bi = 0, bk = 0;
+    int kind = best_change(hi, lo, bi, bk);
+    if (kind == 0) {  // the cheapest rank cannot help: the next cheapest ones
+      partners.clear();
+      for (size_t r = 0; r < dp; ++r)
+        if (r != hi && r != lo) partners.push_back(r);
+      const size_t tried = std::min<size_t>(partners.size(), kPartners);
+      std::partial_sort(partners.begin(), partners.begin() + static_cast<std::ptrdiff_t>(tried), partners.end(),
+                        [&](size_t a, size_t b) { return load[a] != load[b] ? load[a] < load[b] : a < b; });
+      partners.resize(tried);
+      for (size_t r : partners) {
+        kind = best_change(hi, r, bi, bk);
+        if (kind) {
+          lo = r;
+          break;
+        }
+      }
+      if (kind == 0) return;
+    }
+    std::vector<int64_t>& a = parts[hi];
+    std::vector<int64_t>& b = parts[lo];
+    if (kind == 1) {
+      const int64_t x = a[bi];
+      a.erase(a.begin() + static_cast<std::ptrdiff_t>(bi));
+      b.push_back(x);
+      load[hi] -= costs[x], load[lo] += costs[x];
+      tok[hi] -= lengths[x], tok[lo] += lengths[x];
+    } else {
+      const int64_t x = a[bi], y = b[bk];
+      a[bi] = y, b[bk] = x;
+      load[hi] += costs[y] - costs[x], load[lo] += costs[x] - costs[y];
+      tok[hi] += lengths[y] - lengths[x], tok[lo] += lengths[x] - lengths[y];
+    }
+  }
+}
+
+// Item indices by cost descending, ties by length descending then index ascending. An LSD radix sort on the
+// cost's bits (a non-negative double's bits order like the value; stable, so equal costs keep index order), then
+// equal-cost runs sorted by length (stable). O(n) passes instead of a comparison sort.
+std::vector<int64_t> costliest_first(const int64_t* lengths, const double* costs, size_t n) {
+  std::vector<uint64_t> key(n), key2(n);
+  std::vector<int64_t> ord(n), tmp(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t bits;
+    const double c = costs[i] == 0 ? 0.0 : costs[i];  // -0.0 -> 0.0
+    std::memcpy(&bits, &c, sizeof bits);
+    key[i] = ~bits;  // ascending ~bits = descending cost
+    ord[i] = static_cast<int64_t>(i);
+  }
+  size_t count[256];
+  for (int shift = 0; shift < 64; shift += 8) {
+    std::fill(count, count + 256, size_t{0});
+    for (size_t i = 0; i < n; ++i) ++count[(key[i] >> shift) & 0xff];
+    if (n == 0 || count[(key[0] >> shift) & 0xff] == n) continue;  // every key has this byte: nothing moves
+    size_t sum = 0;
+    for (size_t& c : count) {
+      const size_t here = c;
+      c = sum;
+      sum += here;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const size_t at = count[(key[i] >> shift) & 0xff]++;
+      key2[at] = key[i];
+      tmp[at] = ord[i];
+    }
+    key.swap(key2);
+    ord.swap(tmp);
+  }
+  for (size_t i = 0; i < n;) {  // equal costs: longer first (stable: then lower index)
+    size_t j = i + 1;
+    while (j < n && key[j] == key[i]) ++j;
+    if (j - i > 1)
+      std::stable_sort(ord.begin() + static_cast<std::ptrdiff_t>(i), ord.begin() + static_cast<std::ptrdiff_t>(j),
+                       [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+    i = j;
+  }
+  return ord;
+}
+
+}  // namespace
+
+MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity,
+                                  int64_t dp, int64_t K, bool equal_count, int refine_rounds) {
+  if (n < 0 || capacity < 1 || dp < 1 || K < 1) throw std::invalid_argument("rl_micro_batches: bad arguments");
+  if (equal_count && n % dp) throw std::invalid_argument("rl_micro_batches: equal_count needs n % dp == 0");
+  for (int64_t i = 0; i < n; ++i)
+    if (lengths[i] < 0 || lengths[i] > capacity || !(costs[i] >= 0) || !std::isfinite(costs[i]))
+      throw std::invalid_argument("rl_micro_batches: lengths must be in [0, capacity] and costs finite and >= 0");
+  MicroBatchLayout out;
+  const size_t B = static_cast<size_t>(K * dp);
+  const size_t un = static_cast<size_t>(n);
+  // Costliest first, ties by length (longer first) then index.
+  std::vector<int64_t> ord = costliest_first(lengths, costs, un);
+  std::vector<int64_t> bin_of(un);
+  std::vector<int64_t> slot_of(un);  // step * dp + rank
+  std::vector<double> load;
+  std::vector<int64_t> room;
+  if (!equal_count) {
+    if (!pack_any(ord, lengths, costs, capacity, B, bin_of, load, room)) return out;
+    // micro-batches by cost, dp consecutive ones per step
+    std::vector<size_t> bins(B);
+    std::iota(bins.begin(), bins.end(), size_t{0});
+    std::stable_sort(bins.begin(), bins.end(), [&](size_t a, size_t b) { return load[a] > load[b]; });
+    std::vector<int64_t> slot(B);
+    for (size_t j = 0; j < B; ++j) slot[bins[j]] = static_cast<int64_t>(j);
+    for (size_t i = 0; i < un; ++i) slot_of[i] = slot[static_cast<size_t>(bin_of[i])];
+  } else {
+    const size_t udp = static_cast<size_t>(dp);
+    std::vector<std::vector<int64_t>> ranks(udp);
+    for (auto& r : ranks) r.reserve(un / udp);
+    std::vector<double> rload(udp, 0.0);
+    std::vector<int64_t> rtok(udp, 0);
+    std::vector<size_t> target(udp);
+    for (size_t start = 0; start < un; start += udp) {  // rounds of dp items, costliest to the cheapest rank
+      std::iota(target.begin(), target.end(), size_t{0});
+      std::sort(target.begin(), target.end(), [&](size_t a, size_t b) {
+        if (rload[a] != rload[b]) return rload[a] < rload[b];
+        if (rtok[a] != rtok[b]) return rtok[a] < rtok[b];
+        return a < b;
+      });
+      for (size_t j = 0; j < udp; ++j) {
+        const int64_t item = ord[start + j];
+        const size_t r = target[j];
+        ranks[r].push_back(item);  // costliest first within the rank
+        rload[r] += costs[item];
+        rtok[r] += lengths[item];
+      }
+    }
+    std::vector<size_t> bins(static_cast<size_t>(K));
+    std::vector<int64_t> step_of(static_cast<size_t>(K));
+    for (size_t r = 0; r < udp; ++r) {  // each rank's items into K micro-batches; step k = its k-th costliest
+      if (!pack_any(ranks[r], lengths, costs, capacity, static_cast<size_t>(K), bin_of, load, room)) return out;
+      std::iota(bins.begin(), bins.end(), size_t{0});
+      std::stable_sort(bins.begin(), bins.end(), [&](size_t a, size_t b) { return load[a] > load[b]; });
+      for (size_t j = 0; j < bins.size(); ++j) step_of[bins[j]] = static_cast<int64_t>(j);
+      for (int64_t item : ranks[r]) slot_of[item] = step_of[bin_of[item]] * dp + static_cast<int64_t>(r);
+    }
+  }
+  // items by step-major slot (costliest first inside a slot), by counting sort
+  std::vector<int64_t> begin(B + 1, 0), by_slot(un);
+  for (size_t i = 0; i < un; ++i) ++begin[static_cast<size_t>(slot_of[i]) + 1];
+  for (size_t b = 0; b < B; ++b) begin[b + 1] += begin[b];
+  {
+    std::vector<int64_t> next(begin.begin(), begin.end() - 1);
+    for (int64_t item : ord) by_slot[static_cast<size_t>(next[static_cast<size_t>(slot_of[item])]++)] = item;
+  }
+  // the local search step by step; final micro-batch (rank-major r * K + s) of each item
+  std::vector<std::vector<int64_t>> parts(static_cast<size_t>(dp));
+  std::vector<double> sload(static_cast<size_t>(dp));
+  std::vector<int64_t> stok(static_cast<size_t>(dp));
+  out.offsets.assign(B + 1, 0);
+  out.tokens.assign(B, 0);
+  out.costs.assign(B, 0.0);
+  std::vector<int64_t>& final_of = bin_of;  // reused
+  for (int64_t s = 0; s < K; ++s) {
+    for (int64_t r = 0; r < dp; ++r) {
+      const size_t slot = static_cast<size_t>(s * dp + r);
+      parts[r].assign(by_slot.begin() + begin[slot], by_slot.begin() + begin[slot + 1]);
+      double c = 0;
+      int64_t t = 0;
+      for (int64_t item : parts[r]) c += costs[item], t += lengths[item];
+      sload[r] = c, stok[r] = t;
+    }
+    refine_step(parts, sload, stok, lengths, costs, capacity, !equal_count, refine_rounds);
+    for (int64_t r = 0; r < dp; ++r) {
+      const size_t mb = static_cast<size_t>(r * K + s);
+      double c = 0;
+      int64_t t = 0;
+      for (int64_t item : parts[r]) c += costs[item], t += lengths[item], final_of[item] = static_cast<int64_t>(mb);
+      out.tokens[mb] = t, out.costs[mb] = c;
+      out.offsets[mb + 1] = static_cast<int64_t>(parts[r].size());
+    }
+  }
+  for (size_t mb = 0; mb < B; ++mb) out.offsets[mb + 1] += out.offsets[mb];
+  out.order.resize(un);
+  {
+    std::vector<int64_t> next(out.offsets.begin(), out.offsets.end() - 1);
+    for (size_t i = 0; i < un; ++i)  // ascending inside each micro-batch
+      out.order[static_cast<size_t>(next[static_cast<size_t>(final_of[i])]++)] = static_cast<int64_t>(i);
+  }
+  out.feasible = true;
+  return out;
+}
+
+}  // namespace packkit

@@ -1,0 +1,32 @@
+// RL micro-batches: one global batch of rollouts -> K token-capped micro-batches on each of dp ranks.
+// Pure C++17 (no torch, no Python); bound as packkit._planner.rl_micro_batches.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace packkit {
+
+struct MicroBatchLayout {
+  bool feasible = false;          // false: some item fit in no micro-batch at this K (try K + 1)
+  std::vector<int64_t> order;     // item indices grouped by micro-batch (rank-major: rank * K + step), ascending
+  std::vector<int64_t> offsets;   // dp * K + 1 offsets into order
+  std::vector<int64_t> tokens;    // dp * K tokens per micro-batch (rank-major)
+  std::vector<double> costs;      // dp * K cost per micro-batch (rank-major)
+};
+
+// lengths[i] <= capacity and costs[i] >= 0 (finite) for every item; K >= 1, dp >= 1.
+// equal_count: every rank holds the same number of items (n % dp == 0), verl's equal-chunk dispatch.
+// Deterministic: items are taken costliest first, ties by length (longer first) then index (a radix sort).
+// Algorithm: longest processing time first into the K*dp micro-batches, each item to the micro-batch with room that
+// holds the least cost + tokens (both relative to their mean per micro-batch, found in O(log) on a segment tree),
+// so every micro-batch gets a similar mix of long and short items; if the cap fragments the room so an item fits
+// nowhere, retried with the last 1/8, 1/4, 1/2, 3/4, all items placed longest first by first fit. Micro-batches
+// are then sorted by cost and dealt dp consecutive ones per step, and a local search inside each step moves/swaps
+// items from the costliest rank to the cheapest ranks (up to 8 tried) while the cap holds and the step's maximum
+// falls. With equal_count: ranks by rounds of dp items (costliest to the cheapest rank), each rank's items into K
+// micro-batches as above, step k = every rank's k-th costliest, then swaps only (counts kept).
+// O(n log(K*dp)) plus the bounded local search; about 3.5 ms for 16,384 rollouts over dp 64 (2-core CPU).
+MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity,
+                                  int64_t dp, int64_t K, bool equal_count, int refine_rounds = 256);
+
+}  // namespace packkit

@@ -1,0 +1,1 @@
+"""Stage 4: drop-ins for other frameworks (each imports its framework lazily, only when used)."""

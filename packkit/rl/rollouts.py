@@ -1,0 +1,201 @@
+"""``pack_rollouts`` / ``unpack_rollouts``: verl-style ``[B, S]`` rollouts -> one packed micro-batch on the device.
+
+A rollout row is a left-padded prompt followed by a right-padded response, so its valid tokens are one run
+``[start, start + length)``. :func:`rollout_layout` reads every row's run with **one** device-to-host copy
+per global batch (``2 * B + 1`` int64s) and checks there that each mask is one run. Every micro-batch pack
+after it is sync-free: the plan for the rows in ``indices`` (global row, run start, run length) goes to the
+device in one non-blocking copy from pinned memory, and the existing pack ops (``packkit::pack_batch``,
+``layout``, ``unpack_padded``: CPU, CUDA and Triton backends) read the ``[B, S]`` tensor as a flat source
+whose sequence ``b`` starts at ``b * S`` -- no new kernel, no ``nonzero``, no output size read back.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..packing.sequences import _backend_for, _op, pack_layout, PackLayout
+from ..packing.tensors import host_tensor, to_device
+from ..planning.planner import Segments
+
+
+class RolloutLayout(NamedTuple):
+    """Where each row's valid tokens are (host numpy int64 arrays), from :func:`rollout_layout`."""
+
+    start: np.ndarray  # [B] first valid column of each row (0 for an empty row)
+    length: np.ndarray  # [B] valid tokens of each row (= attention_mask.sum(1))
+    seq_len: int  # S
+
+
+class RolloutInfo(NamedTuple):
+    """What :func:`unpack_rollouts` needs (returned by :func:`pack_rollouts`)."""
+
+    layout: PackLayout  # host shape facts of the packed micro-batch
+    indices: np.ndarray  # the micro-batch's rows, in output order
+    seq_len: int  # S
+    local_seq: torch.Tensor  # device: position in ``indices`` of each packed row (non-empty rows)
+    seg_start: torch.Tensor  # device: run start of each packed row
+    cu_seqlens: torch.Tensor
+    cu_seg: torch.Tensor
+    status: Optional[torch.Tensor]  # device 0-d int32: 0, or rows whose mask is not the layout's run
+
+
+def rollout_layout(attention_mask: torch.Tensor) -> RolloutLayout:
+    """Each row's run of valid tokens, with one device-to-host copy. Raises ValueError naming the rows whose
+    mask is not a single run (verl rollouts are left-padded prompt + right-padded response)."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        raise TypeError("attention_mask must be a [batch, seq_len] tensor")
+    b, s = attention_mask.shape
+    m = attention_mask != 0
+    count = m.sum(1, dtype=torch.int64)
+    first = m.to(torch.int8).argmax(1) if s else torch.zeros(b, dtype=torch.int64, device=m.device)
+    last = (s - 1) - m.flip(1).to(torch.int8).argmax(1) if s else first
+    broken = ((count > 0) & (last - first + 1 != count)).to(torch.int64)
+    host = torch.cat((first, count, broken.sum().reshape(1))).cpu().numpy()  # the one synchronisation
+    start, length = host[:b].copy(), host[b:2 * b].copy()
+    start[length == 0] = 0
+    if host[-1]:
+        rows = np.flatnonzero(broken.cpu().numpy())
+        raise ValueError(f"{len(rows)} rows of attention_mask are not one run of valid tokens (first: row "
+                         f"{int(rows[0])}); rollouts must be a left-padded prompt followed by a right-padded response")
+    return RolloutLayout(start, length, s)
+
+
+def _indices(indices, batch: int) -> np.ndarray:
+    if isinstance(indices, torch.Tensor):
+        if indices.device.type != "cpu":
+            raise ValueError("indices must be on the host (numpy, list or a CPU tensor): they size the packed batch")
+        indices = indices.numpy()
+    idx = np.asarray(indices)
+    if idx.dtype == object or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
+        raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
+    idx = idx.astype(np.int64).reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= batch):
+        raise ValueError(f"indices name row {int(idx.max() if idx.max() >= batch else idx.min())} but the batch has "
+                         f"{batch} rows")
+    if len(np.unique(idx)) != len(idx):
+        raise ValueError("indices name a row twice")
+    return idx
+
+
+def pack_rollouts(input_ids: torch.Tensor, attention_mask: torch.Tensor, indices: Sequence[int],
+                  layout: Optional[RolloutLayout] = None, *, row_len: Optional[int] = None, check: bool = True,
+                  position_ids_start: int = 0, backend: str = "auto"):
+    """Pack rows ``indices`` of verl's ``[B, S]`` rollout tensors into one flat micro-batch on their device.
+
+    Args:
+        input_ids, attention_mask: ``[B, S]`` (left-padded prompt + right-padded response per row).
+        indices: the micro-batch's rows (host ints, e.g. from :func:`packkit.rl.micro_batches`).
+        layout: :func:`rollout_layout` of ``attention_mask``, computed once per global batch and shared by
+            every micro-batch and pass (zero host syncs here). Without it, it is computed (one sync).
+        row_len: static packed length (CUDA graphs, torch.compile): the tail is one padding segment.
+        check: with a given ``layout``, also compare the rows' masks with it on the device, without a sync:
+            ``info.status`` is a 0-d int32 tensor, 0 when every row matches (read it at a natural sync, or
+            call :func:`check_rollouts`). Without ``layout`` the check is done on the host, raising.
+        backend: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"triton"`` (as :func:`packkit.pack_sequences`).
+
+    Returns ``(batch, info)``: ``batch`` = ``{input_ids [1, T], position_ids [1, T] (restarting at
+    position_ids_start in every row; verl's own positions for the valid tokens), cu_seq_lens_q/k (int32),
+    max_length_q/k (host ints)}``; ``info`` for :func:`unpack_rollouts`.
+    """
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise TypeError("input_ids must be a [batch, seq_len] tensor")
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} and input_ids {tuple(input_ids.shape)} differ")
+    if attention_mask.device != input_ids.device:
+        raise ValueError("attention_mask and input_ids are on different devices")
+    batch, seq_len = input_ids.shape
+    status = None
+    if layout is None:
+        layout = rollout_layout(attention_mask)
+        check = False
+    elif not isinstance(layout, RolloutLayout) or len(layout.start) != batch or layout.seq_len != seq_len:
+        raise ValueError("layout must be packkit.rl.rollout_layout(attention_mask) of this batch")
+    idx = _indices(indices, batch)
+    device = input_ids.device
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    which = _backend_for(device, backend)
+
+    lengths = layout.length[idx]
+    keep = np.flatnonzero(lengths > 0)
+    rows = idx[keep]
+    nseg = len(rows)
+    # One host buffer, one non-blocking copy: global row, run start, run length, local row, bin offsets, src step.
+    host = np.empty(4 * nseg + 2, np.int64)
+    host[:nseg], host[nseg:2 * nseg], host[2 * nseg:3 * nseg] = rows, layout.start[rows], lengths[keep]
+    host[3 * nseg:4 * nseg] = keep
+    host[4 * nseg:] = (0, nseg)
+    segments = Segments(rows, host[nseg:2 * nseg], host[2 * nseg:3 * nseg], host[4 * nseg:])
+    shape = pack_layout(segments, flat=True, row_len=row_len)
+    plan = to_device(host_tensor(host), device)
+    seg_seq, seg_start, seg_length = plan[:nseg], plan[nseg:2 * nseg], plan[2 * nseg:3 * nseg]
+    local_seq, bin_offsets = plan[3 * nseg:4 * nseg], plan[4 * nseg:]
+    src_offsets = torch.arange(0, (batch + 1) * seq_len, seq_len, dtype=torch.int64, device=device)[:batch + 1] \
+        if seq_len else torch.zeros(batch + 1, dtype=torch.int64, device=device)
+
+    ids = input_ids if input_ids.dtype in (torch.int64, torch.int32) else input_ids.to(torch.int64)
+    ids, _, pos, _, cu = _op("pack_batch", which)(
+        ids.contiguous().reshape(-1), None, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, 1,
+        shape.row_len, True, shape.num_cu_seqlens, 0, -100, False, int(position_ids_start))
+    cu_seg = _op("layout", which)(seg_length, bin_offsets, 1, shape.row_len, True, shape.num_cu_seqlens)[1]
+    if check:
+        status = _mask_status(attention_mask, plan, idx, layout, device)
+    out = {"input_ids": ids.unsqueeze(0), "position_ids": pos.unsqueeze(0), "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+           "max_length_q": shape.max_seqlen, "max_length_k": shape.max_seqlen}
+    return out, RolloutInfo(shape, idx, seq_len, local_seq, seg_start, cu, cu_seg, status)
+
+
+def _mask_status(attention_mask, plan, idx, layout, device):
+    """0-d int32 on the device: how many of the rows ``idx`` have a mask other than the layout's run (no sync)."""
+    meta = np.stack((idx, layout.start[idx], layout.length[idx]))
+    meta = to_device(host_tensor(np.ascontiguousarray(meta)), device)
+    cols = torch.arange(layout.seq_len, device=device)
+    start, length = meta[1].unsqueeze(1), meta[2].unsqueeze(1)
+    expect = (cols >= start) & (cols < start + length)
+    got = attention_mask.index_select(0, meta[0]) != 0
+    return (got != expect).any(1).sum(dtype=torch.int32)
+
+
+def check_rollouts(info: RolloutInfo) -> None:
+    """Read ``info.status`` (one sync) and raise ValueError if a row's mask did not match the layout."""
+    if info.status is not None and int(info.status):
+        raise ValueError(f"{int(info.status)} rows of this micro-batch have an attention_mask that is not the run "
+                         "rollout_layout recorded (the mask changed, or the layout is of another batch)")
+
+
+def unpack_rollouts(values: torch.Tensor, info: RolloutInfo, *, fill: float = 0.0, backend: str = "auto"):
+    """Per-token outputs of a packed micro-batch (log-probs, entropy, values; any trailing dims), ``[1, T, *]`` or
+    ``[T, *]``, back to ``[len(indices), S, *]`` in ``indices`` order (as verl's ``batch[idx]``), ``fill`` at
+    padding. Sync-free."""
+    shape = info.layout
+    if values.dim() >= 2 and values.shape[0] == 1 and values.shape[1] == shape.row_len:
+        values = values[0]
+    if values.dim() < 1 or values.shape[0] != shape.row_len:
+        raise ValueError(f"values must start with the packed token dim {shape.row_len} (or [1, {shape.row_len}]), "
+                         f"got {tuple(values.shape)}")
+    if values.device != info.cu_seqlens.device:
+        raise ValueError(f"values are on {values.device} but the micro-batch was packed on {info.cu_seqlens.device}")
+    which = _backend_for(values.device, backend)
+    return _Unpack.apply(values.contiguous(), info, float(fill), which)
+
+
+class _Unpack(torch.autograd.Function):
+    """unpack_padded forward; its gradient is a pack of the output gradient (padding gets none)."""
+
+    @staticmethod
+    def forward(ctx, values, info, fill, which):
+        ctx.info, ctx.which = info, which
+        return _op("unpack_padded", which)(values, info.local_seq, info.seg_start, info.cu_seqlens, info.cu_seg, True,
+                                           len(info.indices), info.seq_len, fill)
+
+    @staticmethod
+    def backward(ctx, grad):
+        info, k, s = ctx.info, len(ctx.info.indices), ctx.info.seq_len
+        offsets = torch.arange(0, (k + 1) * s, s, dtype=torch.int64, device=grad.device)[:k + 1] if s else \
+            torch.zeros(k + 1, dtype=torch.int64, device=grad.device)
+        flat = grad.contiguous().reshape(k * s, *grad.shape[2:])
+        packed = _op("pack", ctx.which)(flat, offsets, info.local_seq, info.seg_start, info.cu_seqlens, info.cu_seg, 1,
+                                        info.layout.row_len, True, 0.0, None)
+        return packed, None, None, None

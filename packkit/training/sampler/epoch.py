@@ -1,0 +1,60 @@
+"""Per-epoch planning: everything derived from (lengths, configuration, epoch), identical on every rank."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...planning.planner import Plan, plan as make_plan
+from .ranks import deal_rows
+
+
+class EpochPlan:
+    """Everything derived from (lengths, config, epoch); identical on every rank."""
+
+    def __init__(self, epoch: int, permutation: np.ndarray, plan: Plan, step_order: np.ndarray,
+                 dropped_last: np.ndarray, world_size: int, rows_per_step: int):
+        self.epoch = epoch
+        self.permutation = permutation  # position in the planned order -> dataset index
+        self.plan = plan  # indices in plan.bins are positions in ``permutation``
+        self.step_order = step_order  # yielded step k is plan step step_order[k]
+        self.dropped_last = dropped_last
+        self.rows_per_step = rows_per_step
+        # rank_rows[s, r, j]: position (in its plan step) of rank r's j-th row at plan step s
+        self.rank_rows = deal_rows(plan.rank_costs, world_size, rows_per_step)
+        per_rank = np.take_along_axis(plan.rank_costs, self.rank_rows.reshape(plan.num_steps, world_size * rows_per_step), axis=1)
+        self.rank_costs = per_rank.reshape(plan.num_steps, world_size, rows_per_step).sum(axis=2)[step_order]
+
+    def num_items(self) -> int:
+        return len(self.step_order) * self.rows_per_step
+
+    def row(self, item: int, rank: int) -> list[int]:
+        """Dataset indices of ``rank``'s ``item``-th yielded row (row ``item % k`` of step ``item // k``)."""
+        step, j = divmod(item, self.rows_per_step)
+        plan_step = int(self.step_order[step])
+        b = plan_step * self.plan.dp_size + int(self.rank_rows[plan_step, rank, j])
+        return self.permutation[self.plan.bins[b]].tolist()
+
+
+def plan_epoch(lengths: np.ndarray, capacity: int, *, epoch: int, seed: int, shuffle: bool, drop_last: bool,
+               algorithm: str, cost, overlong: str, world_size: int, rows_per_step: int,
+               pad_to_multiple_of=None) -> EpochPlan:
+    """The epoch's plan: a seeded permutation of the dataset, planned with ``world_size * rows_per_step``
+    rows per step, its steps shuffled (the incomplete last one kept last, or dropped with ``drop_last``)."""
+    n = len(lengths)
+    rng = np.random.default_rng((seed, epoch))
+    permutation = rng.permutation(n).astype(np.int64) if shuffle else np.arange(n, dtype=np.int64)
+    plan = make_plan(lengths[permutation], capacity, algorithm=algorithm,
+                     dp_size=world_size * rows_per_step, cost=cost, overlong=overlong,
+                     pad_to_multiple_of=pad_to_multiple_of)
+    steps = plan.num_steps
+    # The planner puts empty rows only in its last step; that step stays last.
+    incomplete = steps > 0 and plan.empty_bins > 0
+    full = steps - 1 if incomplete else steps
+    order = rng.permutation(full).astype(np.int64) if shuffle else np.arange(full, dtype=np.int64)
+    dropped_last = np.zeros(0, np.int64)
+    if incomplete:
+        if drop_last:
+            last = plan.segments.seq_index[plan.segments.bin_offsets[full * plan.dp_size]:]
+            dropped_last = np.sort(permutation[last])
+        else:
+            order = np.append(order, full)
+    return EpochPlan(epoch, permutation, plan, order, dropped_last, world_size, rows_per_step)

@@ -1,0 +1,62 @@
+"""The Triton context-parallel kernel (packkit.triton_kernels.context_parallel), run by the Triton
+interpreter on CPU tensors, equals tests/cp_reference.py bit for bit (both modes, many programs), under
+conftest.py's bounds checker, with poisoned, guarded outputs."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - conftest.py already ignores us
+    pytest.skip("the Triton kernel tests need TRITON_INTERPRET=1 set before triton is imported",
+                allow_module_level=True)
+pytest.importorskip("triton")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import packkit  # noqa: E402
+from conftest import _GuardedTorch  # noqa: E402
+from cp_reference import reference_shard  # noqa: E402
+from packkit.triton_kernels import context_parallel as tcp  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def guarded_cp_outputs(monkeypatch):
+    proxy = _GuardedTorch(torch)
+    monkeypatch.setattr(tcp, "torch", proxy)
+    yield proxy
+    proxy.check_guards()
+
+
+@pytest.mark.parametrize("block", [1024, 8])
+@pytest.mark.parametrize("mode", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("seed", range(3))
+def test_triton_cp_shard_matches_reference(seed, mode, block, monkeypatch):
+    monkeypatch.setitem(tcp._CONFIG, "block", block)
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 30, int(rng.integers(1, 6)))
+    id_dtype = torch.int32 if seed % 2 else torch.int64
+    seqs = [torch.from_numpy(rng.integers(1, 1000, int(k))).to(id_dtype) for k in lengths]
+    layout = dict(capacity=int(lengths.max()) + 3, layout="padded") if seed % 3 == 0 else {}
+    batch = packkit.pack_sequences(seqs, **layout)
+    ids, lab, pos = (batch[k].reshape(-1) for k in ("input_ids", "labels", "position_ids"))
+    cu = batch["cu_seq_lens_q"]
+    for cp in (1, 2, 3):
+        for rank in range(cp):
+            ref, local_cu, padded_cu = reference_shard(ids, lab, pos, cu.tolist(), cp, rank, mode)
+            cup = torch.tensor(padded_cu, dtype=torch.int32) if mode == "zigzag" else cu
+            n = padded_cu[-1] // cp if mode == "zigzag" else -(-ids.numel() // cp)
+            got = torch.ops.packkit.triton_cp_shard(ids, lab, pos, cu, cup, cp, rank, mode == "zigzag", n, 0, -100)
+            for t, key in zip(got, ("input_ids", "labels", "shift_labels", "position_ids", "src_index", "seq_idx")):
+                assert t.to(torch.int64).tolist() == ref[key].tolist(), (cp, rank, key)
+            assert got[0].dtype == id_dtype and got[5].dtype == torch.int32
+
+
+def test_triton_cp_shard_inconsistent_cu_stays_in_bounds():
+    ids = torch.arange(10, dtype=torch.int64)
+    pos = torch.arange(10, dtype=torch.int64)
+    bad = torch.tensor([0, 7, 50], dtype=torch.int32)  # ends past the row: bounded, never out of range
+    got = torch.ops.packkit.triton_cp_shard(ids, ids, pos, bad, torch.tensor([0, 8, 64], dtype=torch.int32), 2, 1,
+                                            True, 32, 0, -100)
+    assert got[0].numel() == 32 and bool((got[4] < 10).all())
