@@ -210,14 +210,14 @@ def reuse_rows(record, flat: torch.Tensor, lengths: np.ndarray, repeats: int) ->
 FEATURES = 8  # feature rows: [tokens, 8] bf16 / fp32, from the first quarter of the sequences
 
 
-def dtype_case(name: str, lengths: np.ndarray, flat: torch.Tensor):
+def dtype_case(name: str, lengths: np.ndarray, flat: torch.Tensor, algorithm: str = "obfd"):
     """Source tensor and pack arguments (one flat row, as pack_dataset packs) for one dtype."""
     if name in ("int32", "int64"):
         src = flat.to(getattr(torch, name))
     else:  # features of the first quarter of the sequences: the token rows' bytes again
         lengths = lengths[: len(lengths) // 4]
         src = torch.randn(int(lengths.sum()), FEATURES).to(torch.bfloat16 if name == "bf16 x8" else torch.float32)
-    plan = packkit.plan(lengths, CAPACITY)
+    plan = packkit.plan(lengths, CAPACITY, algorithm=algorithm)
     seg = plan.segments
     seg_seq, seg_start = torch.from_numpy(seg.seq_index.copy()), torch.from_numpy(seg.start.copy())
     cu = torch.from_numpy(np.concatenate(([0], np.cumsum(seg.length))).astype(np.int32))
@@ -227,28 +227,31 @@ def dtype_case(name: str, lengths: np.ndarray, flat: torch.Tensor):
 
 
 DTYPES = ("int32", "int64", "bf16 x8", "fp32 x8")
+# Controls: the same tokens planned with next fit, whose segments read the source in order. What the
+# obfd rows lose against these is the cost of gathering from random places, not of the dtype.
+CONTROLS = ("int32", "int64")
 
 
 def dtype_rows(repeats: int, n: int) -> list[dict]:
     """Per-dtype pack speed as a fraction of a plain copy of the same bytes (see the module docstring)."""
     lengths, flat = make_workload(n)
     rows = []
-    for name in DTYPES:
-        src, args, total = dtype_case(name, lengths, flat)
+    for name, algorithm in [(d, "obfd") for d in DTYPES] + [(d, "nf") for d in CONTROLS]:
+        src, args, total = dtype_case(name, lengths, flat, algorithm)
         assert total == src.shape[0]  # one flat row of every token: the output has the source's bytes
         out, warm = torch.empty_like(src), torch.empty_like(src)
         nbytes = out.numel() * out.element_size()
         pack_t, copy_t = paired(lambda: torch.ops.packkit.pack_out(*args, True, out), lambda: warm.copy_(src), repeats)
         fresh_t, fresh_copy_t = paired(lambda: torch.ops.packkit.pack(*args, 1, total, True),
                                        lambda: torch.empty_like(src).copy_(src), repeats)
-        first = first_calls(name, n)
-        row = {"dtype": name, "bytes": nbytes, "pack_out_s": statistics.median(pack_t),
+        first = first_calls(name, n) if algorithm == "obfd" else (float("nan"), float("nan"))
+        row = {"dtype": name, "plan": algorithm, "bytes": nbytes, "pack_out_s": statistics.median(pack_t),
                "copy_warm_s": statistics.median(copy_t), "pack_fresh_s": statistics.median(fresh_t),
                "copy_fresh_s": statistics.median(fresh_copy_t), "first_call_s": first[0], "second_call_s": first[1]}
         row["fraction_of_copy_warm"] = row["copy_warm_s"] / row["pack_out_s"]
         row["fraction_of_copy_fresh"] = row["copy_fresh_s"] / row["pack_fresh_s"]
         rows.append(row)
-        print(f"  {name:<8} {nbytes / 1e6:6.0f} MB  reused: pack_out {row['pack_out_s'] * 1e3:6.1f} ms, copy_ "
+        print(f"  {name:<8} {algorithm:<4} {nbytes / 1e6:6.0f} MB  reused: pack_out {row['pack_out_s'] * 1e3:6.1f} ms, copy_ "
               f"{row['copy_warm_s'] * 1e3:6.1f} ms = {row['fraction_of_copy_warm']:.2f} of copy | fresh: pack "
               f"{row['pack_fresh_s'] * 1e3:6.1f} ms, copy {row['copy_fresh_s'] * 1e3:6.1f} ms = "
               f"{row['fraction_of_copy_fresh']:.2f} | fresh process: 1st pack {first[0] * 1e3:6.1f} ms, "

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import packkit
+from cp_reference import reference_shard
 from pack_reference import (reference_layout, reference_pack, reference_pack_batch, reference_unpack,
                             reference_unpack_padded)
 from packkit.tools import selfcheck
@@ -116,6 +117,12 @@ def test_known_answers_match_the_reference():
     packed = torch.tensor(s.PACKED)
     assert reference_unpack(packed, offsets, *args, False, 0).tolist() == s.UNPACK
     assert reference_unpack_padded(packed, *args, False, 3, 4, -1).tolist() == s.UNPACK_PADDED
+    ids, positions, cu_cp, _ = (torch.tensor(v) for v in s.CP_ROW)
+    shard, _, padded_cu = reference_shard(ids, ids, positions, cu_cp.tolist(), 2, 1, "zigzag")
+    assert padded_cu == s.CP_ROW[3]
+    assert tuple(shard[k].tolist() for k in ("input_ids", "labels", "shift_labels", "position_ids", "src_index",
+                                             "seq_idx")) == s.CP_SHARD
+    assert s.PACK_BATCH[0][1] == s.CP_ROW[0] and s.PACK_BATCH[2][1] == s.CP_ROW[1]  # the row is pack_batch's row 1
 
 
 def test_elf_reader_agrees_with_readelf():

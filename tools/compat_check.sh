@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compat stage (issue 22): build one wheel, then install that same file, unchanged, into a fresh venv per
 # supported torch and prove it there: `packkit info` (self-check of every op, error probes in a child
-# process), the op-layer tests (plan op, pack ops, out-ops, plan safety, opcheck, torch.compile) run
+# process), the op-layer tests (plan op, pack ops, out-ops, plan safety, cp_shard, opcheck, torch.compile) run
 # against the installed wheel, never the source tree; then `nm -D` of every module against the oldest
 # torch's libraries (tools/check_abi_symbols.py).
 #
@@ -29,7 +29,8 @@ PIP_FIND_LINKS="$WHEELS $("$PY" -m pip config get global.find-links 2>/dev/null 
 export PIP_FIND_LINKS
 export TORCHINDUCTOR_CACHE_DIR=$ROOT/$WORK/inductor  # torch.compile's cache stays inside the clone too
 BUILD_TORCH=${PACKKIT_BUILD_TORCH:-2.11.0}
-TESTS=(tests/test_plan_op.py tests/test_pack_ops.py tests/test_pack_out_ops.py tests/test_plan_safety.py)
+TESTS=(tests/test_plan_op.py tests/test_pack_ops.py tests/test_pack_out_ops.py tests/test_plan_safety.py
+       tests/test_context_parallel.py)  # the cp_shard op (issue 25): reference, opcheck, compile
 rm -rf "$WORK/run" "$WORK/logs" "$WORK/inductor"
 mkdir -p "$WORK/logs" "$WORK/run" "$WORK/dist" "$WHEELS"
 START=$SECONDS

@@ -22,7 +22,7 @@ from pathlib import Path
 from .elf import mapped_libraries, read_elf
 
 OPS = ("layout", "pack", "pack_batch", "unpack", "unpack_padded", "layout_out", "pack_out", "pack_batch_out",
-       "unpack_out", "unpack_padded_out")
+       "unpack_out", "unpack_padded_out", "cp_shard")
 CHECK_TIMEOUT_S = 300  # the first CUDA call and Triton's compiles take a while on a cold machine
 # A C++ exception thrown in an op unwinds through torch's frames: both must use one libstdc++ and one
 # libgcc_s unwinder. A module that links either statically turns every raised error into a crash.
@@ -99,6 +99,7 @@ def backends() -> dict:
 
     triton_spec = importlib.util.find_spec("packkit.triton_kernels")  # beside packkit/ in an editable install
     try:
+        from ..triton_kernels import context_parallel as _triton_cp  # noqa: F401
         from ..triton_kernels import pack as _triton  # noqa: F401
 
         triton_loaded, triton_error = True, None

@@ -33,6 +33,10 @@ PACK_BATCH = ([[30, 31, 32, 33, 0], [10, 11, 12, 20, 21]],  # input_ids (pad_id 
 PACKED = [[30, 31, 32, 33, -1], [10, 11, 12, 20, 21]]  # pack with pad_value -1, no first_value
 UNPACK = IDS
 UNPACK_PADDED = [[10, 11, 12, -1], [20, 21, -1, -1], [30, 31, 32, 33]]  # max_len 4, pad -1
+# cp_shard: row 1 of PACK_BATCH (documents of 3 and 2 tokens), context-parallel rank 1 of 2, zigzag: each
+# document padded to 4 tokens (cu_seqlens_padded), rank 1 keeps chunks 1 and 2 of each (tests/cp_reference.py).
+CP_ROW = ([10, 11, 12, 20, 21], [0, 1, 2, 0, 1], [0, 3, 5], [0, 4, 8])  # ids (= labels), positions, cu, cu padded
+CP_SHARD = ([11, 12, 21, 0], [11, 12, 21, -100], [12, -100, -100, -100], [1, 2, 1, 2], [1, 2, 4, -1], [0, 0, 1, 1])
 
 
 def _same(name, got, want):
@@ -48,6 +52,7 @@ def op_checks(backend: str):
     from ..packing import ops as _ops  # noqa: F401  (loads the op libraries)
 
     if backend == "triton":
+        from ..triton_kernels import context_parallel as _triton_cp  # noqa: F401  (packkit::triton_cp_shard)
         from ..triton_kernels import pack as _triton  # noqa: F401  (registers packkit::triton_*)
     device = "cpu" if backend == "cpu" else "cuda"
     prefix = "triton_" if backend == "triton" else ""
@@ -117,6 +122,15 @@ def op_checks(backend: str):
                                         UNPACK_PADDED)),
         ("unpack_padded_out", unpack_padded_out),
     ]
+
+    def cp_shard():
+        ids, pos, cu_cp, cu_padded = t(CP_ROW[0]), t(CP_ROW[1]), t(CP_ROW[2], torch.int32), t(CP_ROW[3], torch.int32)
+        out = op("cp_shard")(ids, ids, pos, cu_cp, cu_padded, 2, 1, True, 4)
+        for name, got, want in zip(("input_ids", "labels", "shift_labels", "position_ids", "src_index", "seq_idx"),
+                                   out, CP_SHARD):
+            _same(name, got, want)
+
+    checks.append(("cp_shard", cp_shard))
     if device == "cuda":
         checks.append(("cuda synchronize", torch.cuda.synchronize))
     return checks

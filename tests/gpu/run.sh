@@ -97,7 +97,7 @@ step_diagnose() {
     echo "(packkit info exit status $info)"
     echo "## toolchain here"
     for tool in c++ gcc nvcc cmake; do
-      printf '%s: ' "$tool"; { command -v "$tool" && "$tool" --version 2>&1 | grep -v '^$' | head -2 | tail -1; } || echo "not found"
+      printf '%s: ' "$tool"; { command -v "$tool" && "$tool" --version 2>&1 | grep -m1 -E "[0-9]+\.[0-9]+"; } || echo "not found"
     done
     probe=$LOGS/cmake-probe
     mkdir -p "$probe"
