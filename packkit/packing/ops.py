@@ -21,6 +21,11 @@ if torch.version.cuda and (_HERE / "_ops_cuda.so").exists():
 HAS_CUDA_KERNELS = bool(torch.version.cuda) and (_HERE / "_ops_cuda.so").exists()
 
 
+def has_cuda_kernels() -> bool:
+    """Whether ``_ops_cuda.so`` is loaded (read at call time, so a test can patch ``HAS_CUDA_KERNELS``)."""
+    return HAS_CUDA_KERNELS
+
+
 @torch.library.register_fake("packkit::plan")
 def _plan_fake(lengths, capacity, algorithm="obfd", overlong="error", dp_size=1, cost_a=1.0, cost_b=0.0):
     torch._check(lengths.dim() == 1, lambda: "packkit::plan: lengths must be 1-D")

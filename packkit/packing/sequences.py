@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..planning.planner import Plan, Segments, as_lengths, plan as make_plan
-from . import ops
+from .ops import has_cuda_kernels
 from .buffers import PackBuffers
 from .fields import pack_fields, prepare_fields
 from .tensors import host_tensor, to_device
@@ -172,8 +172,8 @@ def _backend_for(device: torch.device, backend: str) -> str:
     if device.type != "cuda":
         raise ValueError(f"packkit packs on CPU or CUDA devices, got {device}")
     if backend == "auto":
-        return "cuda" if ops.HAS_CUDA_KERNELS else "triton"
-    if backend == "cuda" and not ops.HAS_CUDA_KERNELS:
+        return "cuda" if has_cuda_kernels() else "triton"
+    if backend == "cuda" and not has_cuda_kernels():
         raise ValueError("backend='cuda' but packkit was built without CUDA kernels (CPU torch or no nvcc at "
                          "build time); use backend='triton'")
     if backend == "cpu":
