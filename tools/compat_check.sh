@@ -1,93 +1,138 @@
 #!/usr/bin/env bash
-# Compat stage (issue 22): build one wheel, then install that same file, unchanged, into a fresh venv per
+# Compat stage (issue 22): build one wheel, then install that same file, unchanged, into a venv per
 # supported torch and prove it there: `packkit info` (self-check of every op, error probes in a child
-# process), the op-layer tests (plan op, pack ops, out-ops, plan safety, cp_shard, opcheck, torch.compile) run
-# against the installed wheel, never the source tree; then `nm -D` of every module against the oldest
-# torch's libraries (tools/check_abi_symbols.py).
+# process), the op-layer tests (plan op, pack ops, out-ops, plan safety, cp_shard; opcheck and torch.compile
+# included) run against the installed wheel, never the source tree; then `nm -D` of every module against
+# that torch's libraries (tools/check_abi_symbols.py).
 #
 #   bash tools/compat_check.sh            # builds the wheel (tools/build_wheel.sh, this python3, sm_90 only)
 #   bash tools/compat_check.sh WHEEL      # checks a wheel built elsewhere
 #
-# PACKKIT_COMPAT_TORCHES: torch versions (default "2.13.0 2.11.0 2.10.0"; the last is the stable-ABI floor
-# and is checked only if it installs). PACKKIT_CUDA_ARCHS: archs of the CI build (default 90-real; release
-# wheels build all of them). Everything (venvs, downloads, caches) lives in build/compat, inside the clone.
-# PACKKIT_COMPAT_REUSE=1 reuses the venvs of an earlier run (packkit uninstalled first): local re-runs only.
-# Exit status 1 if any step fails.
+# PACKKIT_COMPAT_TORCHES: torch versions, newest first (default "2.13.0 2.11.0 2.10.0"). PACKKIT_BUILD_TORCH:
+# the CUDA torch the wheel is built against (default 2.11.0). PACKKIT_CUDA_ARCHS: archs of the CI build
+# (default 90-real; release wheels build all of them). Everything lives in build/compat, inside the clone.
+# PACKKIT_COMPAT_REUSE=1 keeps and reuses the venvs (packkit uninstalled first): local re-runs only.
+#
+# Disk. The CUDA torches from the package index are large once installed (measured 2026-11-24: 2.11.0+cu130
+# 4.7 GB, 2.10.0+cu128 7.0 GB, plus ~3 GB of wheels while pip installs them; 2.13.0 from the local CPU file:
+# 1.0 GB), and CI machines differ in free disk: a run with all venvs side by side (21 GB) ran out of space
+# once. So: no pip cache, no separate download folder, the build's torch venv is also its test venv, each
+# CUDA venv is deleted once tested, torches install side by side only when the disk has room for both, and a
+# CUDA torch the disk cannot hold is skipped *with the free and needed space printed* (if the build's torch is
+# the one skipped, the wheel is built CPU-only against the first torch listed). Exit status 1 if any step fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON_FOR_WHEEL:-python3}
 read -r -a TORCHES <<<"${PACKKIT_COMPAT_TORCHES:-2.13.0 2.11.0 2.10.0}"
-OPTIONAL_TORCH=2.10.0  # "if it installs": a failed install of the floor is reported, not fatal
-WORK=build/compat
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-export PIP_NO_COMPILE=1  # no byte-compiling of torch's thousands of files: halves pip's CPU time (50 s -> 22 s a venv)
-# The build's torch is downloaded once into the clone and installed from there twice (build venv, test venv).
-WHEELS=$ROOT/$WORK/wheels
-# (added to the configured find-links, which may hold local torch wheels)
-PIP_FIND_LINKS="$WHEELS $("$PY" -m pip config get global.find-links 2>/dev/null || true)"
-export PIP_FIND_LINKS
-export TORCHINDUCTOR_CACHE_DIR=$ROOT/$WORK/inductor  # torch.compile's cache stays inside the clone too
+OPTIONAL_TORCH=2.10.0  # the stable-ABI floor "if it installs": a failed install is reported, not fatal
 BUILD_TORCH=${PACKKIT_BUILD_TORCH:-2.11.0}
+WORK=build/compat
+REUSE=${PACKKIT_COMPAT_REUSE:-0}
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+export PIP_NO_COMPILE=1    # no byte-compiling of torch's thousands of files: halves pip's CPU time
+export PIP_NO_CACHE_DIR=1  # a cached copy of a CUDA torch is ~3 GB more on disk
+export TORCHINDUCTOR_CACHE_DIR=$ROOT/$WORK/inductor  # torch.compile's cache stays inside the clone too
+TAG=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 TESTS=(tests/test_plan_op.py tests/test_pack_ops.py tests/test_pack_out_ops.py tests/test_plan_safety.py
-       tests/test_context_parallel.py)  # the cp_shard op (issue 25): reference, opcheck, compile
-rm -rf "$WORK/run" "$WORK/logs" "$WORK/inductor"
-mkdir -p "$WORK/logs" "$WORK/run" "$WORK/dist" "$WHEELS"
+       tests/test_context_parallel.py)
+rm -rf "$WORK/run" "$WORK/logs" "$WORK/inductor" "$WORK/wheels" "$WORK/build-env"  # (the last two: older layouts)
+mkdir -p "$WORK/logs" "$WORK/run" "$WORK/dist" "$WORK/venvs"
 START=$SECONDS
 declare -A RESULT PIDS
 
-make_venv() {  # fresh venv with one torch and the test tools; never packkit's sources
-  local v=$1 env=$WORK/venv-torch$1
-  if [ "${PACKKIT_COMPAT_REUSE:-0}" = 1 ] && [ -x "$env/bin/python" ]; then  # local re-runs only, never CI
+# GB a torch needs while it installs and is tested (venv + pip's temporary wheels + 1 GB to spare).
+need_gb() { case "$1" in 2.13.0) echo 2 ;; 2.11.0) echo 9 ;; *) echo 11 ;; esac; }
+real_free_gb() { df -Pk "$ROOT/$WORK" | awk 'NR == 2 { print int($4 / 1048576) }'; }
+REAL_FREE0=$(real_free_gb)
+free_gb() {  # PACKKIT_COMPAT_DISK_GB: replay a disk with that much free at the start (a small CI machine's)
+  local now
+  now=$(real_free_gb)
+  if [ -n "${PACKKIT_COMPAT_DISK_GB:-}" ]; then echo $(( PACKKIT_COMPAT_DISK_GB - (REAL_FREE0 - now) )); else echo "$now"; fi
+}
+venv_of() { echo "$WORK/venvs/$TAG-torch$1"; }  # tools/build_wheel.sh's naming: the build reuses it
+
+make_venv() {  # a venv with one torch and the test tools; the build's torch also gets the build tools
+  local v=$1 env extra=()
+  env=$(venv_of "$1")
+  [ "$v" = "$BUILD_TORCH" ] && extra=(pybind11 scikit-build-core cmake ninja)
+  if [ "$REUSE" = 1 ] && [ -x "$env/bin/python" ]; then
     "$env/bin/pip" uninstall -q -y packkit >/dev/null 2>&1
     return 0
   fi
   rm -rf "$env"
-  "$PY" -m venv "$env" && "$env/bin/pip" install -q "torch==$v" numpy pytest hypothesis >"$WORK/logs/venv-$v.log" 2>&1 \
-    && "$env/bin/python" -c "import torch" >>"$WORK/logs/venv-$v.log" 2>&1
+  "$PY" -m venv "$env" && "$env/bin/pip" install -q "torch==$v" numpy pytest hypothesis "${extra[@]}" \
+    >"$WORK/logs/venv-$v.log" 2>&1 && "$env/bin/python" -c "import torch" >>"$WORK/logs/venv-$v.log" 2>&1 \
+    && touch "$env/.ready"  # build_wheel.sh reuses a venv marked ready
+}
+drop_venv() { [ "$REUSE" = 1 ] || rm -rf "$(venv_of "$1")"; }
+room_for() {  # room_for V [GB already promised to a concurrent install]
+  local free need
+  free=$(free_gb); need=$(( $(need_gb "$1") + ${2:-0} ))
+  [ "$free" -ge "$need" ] && return 0
+  echo "  (torch $1 needs about $need GB free here, the disk has $free GB)"
+  return 1
 }
 
-# Network first, overlapped: the other torches install in the background while the build's torch is
-# downloaded; its test venv then installs from the download while the wheel compiles.
+# Which torches this disk can hold, in order. The first torch listed (2.13.0: a local CPU file) is small.
+PLANNED=()
 for v in "${TORCHES[@]}"; do
-  if [ "$v" != "$BUILD_TORCH" ]; then make_venv "$v" & PIDS[$v]=$!; fi
+  if [ "$REUSE" = 1 ] && [ -x "$(venv_of "$v")/bin/python" ]; then PLANNED+=("$v"); continue; fi
+  if room_for "$v"; then PLANNED+=("$v"); else RESULT[$v]="SKIP: not enough free disk for torch $v ($(free_gb) GB free, needs $(need_gb "$v"))"; fi
 done
 WHEEL=${1:-}
-if [ -z "$WHEEL" ]; then
-  "$PY" -m pip download -q -d "$WHEELS" "torch==$BUILD_TORCH" numpy pybind11 scikit-build-core cmake ninja pytest \
-    hypothesis >"$WORK/logs/download.log" 2>&1 || { tail -5 "$WORK/logs/download.log"; echo "compat: download failed"; exit 1; }
-  echo "torch $BUILD_TORCH and the build tools downloaded ($((SECONDS - START)) s)"
+if [ -z "$WHEEL" ] && [ -n "${RESULT[$BUILD_TORCH]:-}" ]; then
+  echo "WARNING: no room for torch $BUILD_TORCH: the wheel is built CPU-only against torch ${TORCHES[0]}"
+  BUILD_TORCH=${TORCHES[0]}
 fi
-for v in "${TORCHES[@]}"; do
-  if [ "$v" = "$BUILD_TORCH" ]; then make_venv "$v" & PIDS[$v]=$!; fi
+
+# The small first torch installs in the background while the build's torch installs.
+first=${PLANNED[0]:-}
+[ -n "$first" ] && [ "$first" != "$BUILD_TORCH" ] && { make_venv "$first" & PIDS[$first]=$!; }
+if [ -z "$WHEEL" ]; then
+  make_venv "$BUILD_TORCH" || { tail -5 "$WORK/logs/venv-$BUILD_TORCH.log"; echo "compat: torch $BUILD_TORCH (the build's) did not install"; exit 1; }
+  PIDS[$BUILD_TORCH]=done
+  echo "torch $BUILD_TORCH and the build tools installed ($((SECONDS - START)) s, $(free_gb) GB free)"
+fi
+# The next CUDA torch installs while the wheel compiles, if the disk holds it beside the build's.
+for v in "${PLANNED[@]}"; do
+  if [ -z "${PIDS[$v]:-}" ] && room_for "$v" 1 >/dev/null; then make_venv "$v" & PIDS[$v]=$!; break; fi
+  [ -z "${PIDS[$v]:-}" ] && break
 done
 if [ -z "$WHEEL" ]; then
   echo "== building the wheel =="
   rm -f "$WORK"/dist/*.whl
-  PACKKIT_PYTHONS=$PY PACKKIT_CUDA_ARCHS=${PACKKIT_CUDA_ARCHS:-90-real} PACKKIT_WHEEL_DIR=$WORK/dist \
-    PACKKIT_BUILD_ENV=$WORK/build-env PACKKIT_BUILD_DIR=$WORK/wheel-build bash tools/build_wheel.sh || { echo "compat: the wheel did not build"; exit 1; }
+  PACKKIT_PYTHONS=$PY PACKKIT_BUILD_TORCH=$BUILD_TORCH PACKKIT_CUDA_ARCHS=${PACKKIT_CUDA_ARCHS:-90-real} \
+    PACKKIT_WHEEL_DIR=$WORK/dist PACKKIT_BUILD_ENV=$WORK/venvs PACKKIT_BUILD_DIR=$WORK/wheel-build \
+    bash tools/build_wheel.sh || { echo "compat: the wheel did not build"; exit 1; }
   WHEEL=$(ls "$WORK"/dist/packkit-*.whl | head -1)
 fi
 WHEEL=$(cd "$(dirname "$WHEEL")" && pwd)/$(basename "$WHEEL")
 SHA=$(sha256sum "$WHEEL" | cut -c1-16)
 echo "wheel: $WHEEL (sha256 $SHA...), $(( $(stat -c %s "$WHEEL") / 1024 )) KiB ($((SECONDS - START)) s)"
 
+HAS_CUDA_OPS=$(python3 -c "import sys, zipfile; print('yes' if 'packkit/_ops_cuda.so' in zipfile.ZipFile(sys.argv[1]).namelist() else 'no')" "$WHEEL")
 status=0
-OLDEST=""
-for v in "${TORCHES[@]}"; do
-  env=$WORK/venv-torch$v
-  if ! wait "${PIDS[$v]}"; then
-    tail -5 "$WORK/logs/venv-$v.log"
+ABI_CHECKED=()
+for v in "${PLANNED[@]}"; do
+  env=$(venv_of "$v")
+  pid=${PIDS[$v]:-}
+  if [ -z "$pid" ]; then  # not started yet: the earlier CUDA venvs are gone by now
+    if room_for "$v"; then make_venv "$v"; ok=$?; else ok=2; fi
+  elif [ "$pid" = done ]; then ok=0; else wait "$pid"; ok=$?; fi
+  if [ "$ok" = 2 ]; then RESULT[$v]="SKIP: not enough free disk for torch $v ($(free_gb) GB free, needs $(need_gb "$v"))"; continue; fi
+  if [ "$ok" != 0 ]; then
+    tail -5 "$WORK/logs/venv-$v.log"; drop_venv "$v"
     if [ "$v" = "$OPTIONAL_TORCH" ]; then RESULT[$v]="SKIP: torch $v does not install here"; else RESULT[$v]="FAIL: torch $v did not install"; status=1; fi
     continue
   fi
   echo "== torch $("$env/bin/python" -c 'import torch; print(torch.__version__)') ($((SECONDS - START)) s) =="
   [ "$(sha256sum "$WHEEL" | cut -c1-16)" = "$SHA" ] || { echo "the wheel changed"; exit 1; }
   "$env/bin/pip" install -q --no-deps --no-index "$WHEEL" >"$WORK/logs/install-$v.log" 2>&1 \
-    || { tail -5 "$WORK/logs/install-$v.log"; RESULT[$v]="FAIL: the wheel does not install"; status=1; continue; }
+    || { tail -5 "$WORK/logs/install-$v.log"; RESULT[$v]="FAIL: the wheel does not install"; status=1; drop_venv "$v"; continue; }
   # From a folder outside the source tree, so `import packkit` can only find the installed wheel.
   where=$(cd "$WORK/run" && "$ROOT/$env/bin/python" -c "import packkit; print(packkit.__file__)")
-  case "$where" in */site-packages/packkit/__init__.py) ;; *) echo "packkit imported from $where"; RESULT[$v]="FAIL: not the wheel"; status=1; continue ;; esac
+  case "$where" in */site-packages/packkit/__init__.py) ;; *) echo "packkit imported from $where"; RESULT[$v]="FAIL: not the wheel"; status=1; drop_venv "$v"; continue ;; esac
   (cd "$WORK/run" && "$ROOT/$env/bin/packkit" info) >"$WORK/logs/info-$v.log" 2>&1
   info=$?
   grep -E "^torch |^  (cpu|cuda|triton) +(_ops|triton_k)|error probe|CRASH|FAIL|PROBLEMS|^OK|^  - " "$WORK/logs/info-$v.log" | head -24
@@ -98,24 +143,29 @@ for v in "${TORCHES[@]}"; do
   summary=$(grep -E "^=* ?[0-9]+ (passed|failed)" "$WORK/logs/tests-$v.log" | tail -1 | tr -d '=')
   [ -n "$summary" ] || summary="pytest died (exit $tests$([ "$tests" -gt 128 ] && echo ", signal $((tests - 128))"))"
   echo "tests: $summary"
-  if [ "$info" = 0 ] && [ "$tests" = 0 ]; then
+  # Symbols against this torch's libraries; a CPU torch has no libtorch_cuda to check the CUDA module against.
+  abi=0
+  if [ "$("$env/bin/python" -c 'import torch; print(torch.version.cuda or "")')" != "" ] || [ "$HAS_CUDA_OPS" = no ]; then
+    torch_dir=$("$env/bin/python" -c "import os, torch; print(os.path.dirname(torch.__file__))")
+    python3 tools/check_abi_symbols.py "$WHEEL" "$torch_dir" >"$WORK/logs/abi-$v.log" 2>&1
+    abi=$?
+    tail -3 "$WORK/logs/abi-$v.log"
+    ABI_CHECKED+=("$v")
+  fi
+  if [ "$info" = 0 ] && [ "$tests" = 0 ] && [ "$abi" = 0 ]; then
     RESULT[$v]="PASS: packkit info OK; $summary"
   else
-    RESULT[$v]="FAIL: packkit info exit $info; tests exit $tests: $summary"; status=1
-    grep -E "^(FAILED|ERROR)|Fatal Python error|CRASH" "$WORK/logs/tests-$v.log" "$WORK/logs/info-$v.log" | head -20
+    RESULT[$v]="FAIL: packkit info exit $info; tests exit $tests: $summary; symbols exit $abi"; status=1
+    grep -E "^(FAILED|ERROR)|Fatal Python error|CRASH|^  - " "$WORK/logs/tests-$v.log" "$WORK/logs/info-$v.log" "$WORK/logs/abi-$v.log" | head -20
   fi
-  OLDEST=$v  # torches are listed newest first: the last one installed is the oldest
+  [ "$v" = "${TORCHES[0]}" ] || drop_venv "$v"  # room for the next CUDA torch (and the stages after this one)
 done
+drop_venv "${TORCHES[0]}"
 
-echo "== symbols of each module against torch $OLDEST, the oldest installed =="
-if [ -n "$OLDEST" ]; then
-  torch_dir=$("$WORK/venv-torch$OLDEST/bin/python" -c "import os, torch; print(os.path.dirname(torch.__file__))")
-  python3 tools/check_abi_symbols.py "$WHEEL" "$torch_dir" || status=1
-else
-  echo "no torch installed: nothing to check against"; status=1
-fi
-
-echo "== compat summary ($((SECONDS - START)) s) =="
+echo "== compat summary ($((SECONDS - START)) s, $(free_gb) GB free) =="
 for v in "${TORCHES[@]}"; do echo "  torch $v: ${RESULT[$v]:-not run}"; done
-[ "$status" = 0 ] && echo "compat: PASS" || echo "compat: FAIL"
+echo "  symbols checked against torch: ${ABI_CHECKED[*]:-none}"
+if [ "${#ABI_CHECKED[@]}" = 0 ]; then echo "compat: no torch to check the symbols against"; status=1; fi
+skipped=$(for v in "${TORCHES[@]}"; do case "${RESULT[$v]:-}" in SKIP*) echo "$v";; esac; done | xargs)
+[ "$status" = 0 ] && echo "compat: PASS${skipped:+ (torch $skipped skipped: see above)}" || echo "compat: FAIL"
 exit "$status"
