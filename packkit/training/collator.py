@@ -71,7 +71,9 @@ class PackingCollator:
         context_parallel: ``(cp_size, cp_rank)`` or ``(cp_size, cp_rank, mode)`` (mode ``"zigzag"``, default,
             or ``"contiguous"``): return this context-parallel rank's shard of the packed batch
             (:func:`packkit.shard_context_parallel`: ``shift_labels``, global ``position_ids``, local
-            ``cu_seq_lens_q/k``; ``num_items_in_batch`` counts the whole batch). With a ``capacity``, rows are
+            ``cu_seq_lens_q/k``; ``num_items_in_batch`` counts the whole batch), built straight from the features
+            in one ``cp_shard`` launch (:func:`packkit.pack_context_parallel`; with vision inputs or
+            ``extra_fields="keep"`` lists: packed, then sharded). With a ``capacity``, rows are
             planned with ``pad_to_multiple_of=2 * cp_size`` in zigzag mode (capacity must be a multiple), so
             each planned row still fits once its documents are padded. Use the flat layout: in the padded
             layout every row's padding tail is padded too. Not with ``mrope`` or ``return_block_mask``.
