@@ -56,11 +56,9 @@ def test_property_fused_equals_pack_then_shard_and_unshards(lengths, cp, mode, l
         kw.update(capacity=16, overlong="split", row_len=None)
     batch, pinfo = packkit.pack_sequences(seqs, return_info=True, **kw)
     if separator is not None:  # what PackingCollator(separator_id=) does to the packed batch
-        first = batch["labels"].reshape(-1)
         starts = batch["cu_seq_lens_q"][:-1].long()
-        real = batch["seq_idx"].reshape(-1)[starts] >= 0
-        owners = np.asarray(FusedPlan(pinfo.segments, pinfo.layout, pinfo.lengths, 1, 0, "contiguous").seg_src)
-        first[starts[torch.from_numpy(owners >= 0) & real]] = separator
+        seg_src = FusedPlan(pinfo.segments, pinfo.layout, pinfo.lengths, 1, 0, "contiguous").seg_src
+        batch["labels"].reshape(-1)[starts[torch.from_numpy(seg_src >= 0)]] = separator  # real segments only
     shards = []
     for rank in range(cp):
         want = shard_context_parallel(batch, cp, rank, mode, pack_info=pinfo)
