@@ -11,6 +11,10 @@ clipped to and planned into rows of 32,768 tokens with ``pad_to_multiple_of=2*cp
 
 * packkit: ``shard_context_parallel(batch, cp, 0, "zigzag", lengths=host segment lengths)`` (the host
   lengths a loader has from its plan; one ``packkit::cp_shard`` call).
+* fused (``packkit.pack_context_parallel``): the rank's shard straight from the unpacked flat tokens +
+  lengths (one ``packkit::cp_shard`` launch in its ``seg_src`` mode; no packed row is built), timed against
+  the loader pass it replaces, ``pack_sequences`` + ``shard_context_parallel`` from the same flat tokens
+  (pack-then-shard: the pack op's launches plus one cp_shard launch). Both outputs are checked equal.
 * loop: a faithful ColossalAI ``split_varlen_zigzag``-style splitter: walk ``cu_seqlens`` reading each
   boundary with ``.item()``, pad each document to a multiple of 2*cp, shift its labels, continue its
   positions, ``chunk(2*cp)`` and keep chunks r and 2*cp-1-r; concatenate.
@@ -73,10 +77,12 @@ class OpCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops = 0
+        self.packkit_ops = 0  # packkit kernels (each one launch on a GPU)
         self.syncs = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops += 1
+        self.packkit_ops += func.namespace == "packkit"
         if func is torch.ops.aten._local_scalar_dense.default:
             self.syncs += 1
         return func(*args, **(kwargs or {}))
@@ -137,7 +143,7 @@ def timing(lengths, num_rows, repeats, device):
         p = packkit.plan(lengths, CAPACITY, pad_to_multiple_of=2 * cp)
         rng = np.random.default_rng(1)
         picks = rng.choice(p.num_bins, size=min(num_rows, p.num_bins), replace=False)
-        ours, loop, counts = [], [], []
+        ours, loop, counts, fused, two_pass, fcounts = [], [], [], [], [], []
         for b in picks:
             rows = p.bins[b]
             seqs = [torch.from_numpy(rng.integers(1, 32000, int(lengths[i]))) for i in rows]
@@ -155,11 +161,32 @@ def timing(lengths, num_rows, repeats, device):
             counts.append((c1.ops, c1.syncs, c2.ops, c2.syncs, len(rows)))
             ours.append(median_us(mine, repeats))
             loop.append(median_us(theirs, max(1, repeats // 3)))
+            # The loader pass from the unpacked flat tokens: fused vs pack-then-shard.
+            flat = torch.cat(seqs)
+            one = lambda: packkit.pack_context_parallel(flat, cp, 0, "zigzag", lengths=seg, device=device)  # noqa: E731
+            two = lambda: packkit.shard_context_parallel(packkit.pack_sequences(flat, seg, device=device), cp, 0,  # noqa: E731
+                                                         "zigzag", lengths=seg)
+            f, t = one(), two()
+            assert f.keys() == t.keys() and all(torch.equal(f[k], t[k]) for k in f if isinstance(f[k], torch.Tensor))
+            with OpCounter() as c3:
+                one()
+            with OpCounter() as c4:
+                two()
+            fcounts.append((c3.ops, c3.packkit_ops, c3.syncs, c4.ops, c4.packkit_ops, c4.syncs))
+            fused.append(median_us(one, repeats))
+            two_pass.append(median_us(two, repeats))
         c = np.array(counts)
+        fc = np.array(fcounts)
         out[cp] = {"docs_per_row_mean": float(c[:, 4].mean()), "packkit_us": float(np.median(ours)),
                    "loop_us": float(np.median(loop)), "speedup": float(np.median(loop) / np.median(ours)),
                    "packkit_ops": float(c[:, 0].mean()), "packkit_syncs": float(c[:, 1].mean()),
-                   "loop_ops": float(c[:, 2].mean()), "loop_syncs": float(c[:, 3].mean())}
+                   "loop_ops": float(c[:, 2].mean()), "loop_syncs": float(c[:, 3].mean()),
+                   "fused_us": float(np.median(fused)), "pack_then_shard_us": float(np.median(two_pass)),
+                   "fused_speedup": float(np.median(two_pass) / np.median(fused)),
+                   "fused_ops": float(fc[:, 0].mean()), "fused_packkit_launches": float(fc[:, 1].mean()),
+                   "fused_syncs": float(fc[:, 2].mean()), "pack_then_shard_ops": float(fc[:, 3].mean()),
+                   "pack_then_shard_packkit_launches": float(fc[:, 4].mean()),
+                   "pack_then_shard_syncs": float(fc[:, 5].mean())}
     return out
 
 

@@ -88,9 +88,15 @@ STABLE_TORCH_LIBRARY(packkit, m) {
   // on padding), position_ids (the source's; padding continues its segment's count; end padding counts
   // from 0), src_index int64 (source token or -1) and seg_idx int32 (segment; S for end padding).
   // out_len comes from the host: no device value is read back.
+  // Fused pack + shard (seg_src given, position_ids None): input_ids/labels are the UNPACKED flat source
+  // and seg_src int64 [S] is where each segment of cu_seqlens starts in it (-1: a padding segment), so the
+  // packed row is never built; positions are position_start + the offset in the segment and a real
+  // segment's first label is first_label when given (pack_batch's semantics); src_index stays the
+  // packed-row position. See context_parallel.hpp.
   m.def(
-      "cp_shard(Tensor input_ids, Tensor labels, Tensor position_ids, Tensor cu_seqlens, Tensor cu_seqlens_padded, "
-      "int cp_size, int cp_rank, bool zigzag, SymInt out_len, int pad_id=0, int ignore_index=-100) -> "
+      "cp_shard(Tensor input_ids, Tensor labels, Tensor? position_ids, Tensor cu_seqlens, Tensor cu_seqlens_padded, "
+      "int cp_size, int cp_rank, bool zigzag, SymInt out_len, int pad_id=0, int ignore_index=-100, "
+      "Tensor? seg_src=None, int position_start=0, int? first_label=None) -> "
       "(Tensor input_ids, Tensor labels, Tensor shift_labels, Tensor position_ids, Tensor src_index, Tensor seg_idx)");
   // --- end context parallelism --------------------------------------------------------------------
 }

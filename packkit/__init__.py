@@ -9,7 +9,7 @@ from ._version import __version__
 from .planning import ALGORITHMS, OVERLONG_POLICIES, PLAN_ERRORS, Plan, Segments, check_plan, plan, transformer_cost
 from .packing import (LAYOUTS, PackBuffers, PackInfo, PackLayout, mrope_position_ids, ops, pack_layout, pack_on_device,
                       pack_sequences, unpack_sequences)
-from .context_parallel import shard_context_parallel, unshard_context_parallel
+from .context_parallel import pack_context_parallel, shard_context_parallel, unshard_context_parallel
 from .training import (PackedBatchSampler, PackedIterableDataset, PackingCollator, document_causal_block_mask,
                        register_varlen_attention, varlen_attention_forward)
 from .datasets import PackedRowsCollator, PackReport, pack_dataset  # datasets/pyarrow/ray load on first call
@@ -21,4 +21,4 @@ __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_
            "PackedBatchSampler", "PackedIterableDataset", "pack_dataset", "PackReport",
            "PackedRowsCollator", "mrope_position_ids", "PackBuffers", "transformer_cost",
            "register_varlen_attention", "varlen_attention_forward",
-           "shard_context_parallel", "unshard_context_parallel"]
+           "shard_context_parallel", "unshard_context_parallel", "pack_context_parallel"]

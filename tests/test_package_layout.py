@@ -134,7 +134,8 @@ def test_every_module_has_a_stage(module):
 
 PUBLIC_API = ["ALGORITHMS", "LAYOUTS", "OVERLONG_POLICIES", "PLAN_ERRORS", "PackBuffers", "PackInfo", "PackLayout",
               "PackReport", "PackedBatchSampler", "PackedIterableDataset", "PackedRowsCollator", "PackingCollator",
-              "Plan", "Segments", "check_plan", "document_causal_block_mask", "mrope_position_ids", "pack_dataset",
+              "Plan", "Segments", "check_plan", "document_causal_block_mask", "mrope_position_ids", "pack_context_parallel",
+              "pack_dataset",
               "pack_layout", "pack_on_device", "pack_sequences", "plan", "register_varlen_attention",
               "shard_context_parallel", "transformer_cost", "unpack_sequences", "unshard_context_parallel",
               "varlen_attention_forward"]

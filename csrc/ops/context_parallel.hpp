@@ -11,9 +11,18 @@
 //               The end padding is one extra segment (index S).
 // For every output position: the source token (or -1 for CP padding), its segment, and for padding
 // the offset past the segment's last real token (its position continues the segment's count).
+//
+// Fused mode (seg_src given; pack + pad + split in one pass): the "packed row" above is never built.
+// input_ids/labels are the unpacked flat source, and seg_src int64 [S] says where packed segment s
+// starts in it (-1 for a padding segment). The packed token at row position p of segment s is source
+// token seg_src[s] + (p - cu[s]); positions are position_start + (p - cu[s]) (pack_batch's), a real
+// segment's first unshifted label is first_label when given (pack_batch's mask_first_label / the
+// collator's separator_id), and a padding segment reads pad_id / ignore_index. src_index stays the
+// packed-row position p, so unshard_context_parallel puts outputs back in the packed row's order.
 #pragma once
 #include <cstdint>
 #include <limits>
+#include <optional>
 
 #include "pack_checks.hpp"
 
@@ -76,9 +85,10 @@ PACKKIT_HD Source locate(int64_t j, const int32_t* cu, const int32_t* cu_padded,
 namespace packkit::ops {
 
 // Metadata checks shared by the CPU and CUDA ops (no data read, so no host sync on CUDA).
-inline void check_cp_shard_args(const Tensor& input_ids, const Tensor& labels, const Tensor& position_ids,
-                         const Tensor& cu_seqlens, const Tensor& cu_seqlens_padded, int64_t cp_size, int64_t cp_rank,
-                         int64_t out_len) {
+inline void check_cp_shard_args(const Tensor& input_ids, const Tensor& labels,
+                                const std::optional<Tensor>& position_ids, const Tensor& cu_seqlens,
+                                const Tensor& cu_seqlens_padded, int64_t cp_size, int64_t cp_rank, int64_t out_len,
+                                const std::optional<Tensor>& seg_src, const std::optional<int64_t>& first_label) {
   const char* op = "cp_shard";
   STD_TORCH_CHECK(cp_size >= 1, "packkit::cp_shard: cp_size must be >= 1, got ", cp_size);
   STD_TORCH_CHECK(cp_rank >= 0 && cp_rank < cp_size, "packkit::cp_shard: cp_rank must be in [0, cp_size), got ",
@@ -90,16 +100,35 @@ inline void check_cp_shard_args(const Tensor& input_ids, const Tensor& labels, c
     STD_TORCH_CHECK(t->scalar_type() == ScalarType::Long || t->scalar_type() == ScalarType::Int,
                     "packkit::cp_shard: input_ids and labels must be int64 or int32");
   }
-  check_index_tensor(position_ids, op, "position_ids", ScalarType::Long);
   check_index_tensor(cu_seqlens, op, "cu_seqlens", ScalarType::Int);
   check_index_tensor(cu_seqlens_padded, op, "cu_seqlens_padded", ScalarType::Int);
-  STD_TORCH_CHECK(labels.numel() == input_ids.numel() && position_ids.numel() == input_ids.numel(),
-                  "packkit::cp_shard: input_ids, labels and position_ids must have the same number of tokens");
+  STD_TORCH_CHECK(labels.numel() == input_ids.numel(),
+                  "packkit::cp_shard: input_ids and labels must have the same number of tokens");
   STD_TORCH_CHECK(cu_seqlens.numel() >= 1 && cu_seqlens_padded.numel() == cu_seqlens.numel(),
                   "packkit::cp_shard: cu_seqlens and cu_seqlens_padded must have the same length (>= 1)");
-  for (const Tensor* t : {&labels, &position_ids, &cu_seqlens, &cu_seqlens_padded}) {
+  if (seg_src.has_value()) {  // fused: positions come from the layout, not a packed position_ids
+    STD_TORCH_CHECK(!position_ids.has_value(), "packkit::cp_shard: with seg_src (fused pack + shard) "
+                    "position_ids must be None (positions are position_start + the offset in the segment)");
+    check_index_tensor(*seg_src, op, "seg_src", ScalarType::Long);
+    STD_TORCH_CHECK(seg_src->numel() == cu_seqlens.numel() - 1,
+                    "packkit::cp_shard: seg_src needs one entry per segment of cu_seqlens (", cu_seqlens.numel() - 1,
+                    "), got ", seg_src->numel());
+  } else {
+    STD_TORCH_CHECK(position_ids.has_value(), "packkit::cp_shard: position_ids is required without seg_src");
+    STD_TORCH_CHECK(!first_label.has_value(), "packkit::cp_shard: first_label applies to the fused mode "
+                    "(seg_src) only; a packed row already has its first labels");
+    check_index_tensor(*position_ids, op, "position_ids", ScalarType::Long);
+    STD_TORCH_CHECK(position_ids->numel() == input_ids.numel(),
+                    "packkit::cp_shard: input_ids, labels and position_ids must have the same number of tokens");
+  }
+  for (const Tensor* t : {&labels, &cu_seqlens, &cu_seqlens_padded}) {
     check_same_device(input_ids, *t, op, "input_ids", "every input");
     STD_TORCH_CHECK(t->is_contiguous(), "packkit::cp_shard: inputs must be contiguous");
+  }
+  for (const std::optional<Tensor>* t : {&position_ids, &seg_src}) {
+    if (!t->has_value()) continue;
+    check_same_device(input_ids, **t, op, "input_ids", "every input");
+    STD_TORCH_CHECK((*t)->is_contiguous(), "packkit::cp_shard: inputs must be contiguous");
   }
   STD_TORCH_CHECK(input_ids.is_contiguous(), "packkit::cp_shard: inputs must be contiguous");
 }

@@ -3,6 +3,7 @@
 // plain-PyTorch reference in tests/cp_reference.py. The CPU op also validates the data (cu_seqlens,
 // padded cu_seqlens, output length) and raises instead of reading out of bounds.
 #include <algorithm>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -18,10 +19,13 @@ namespace {
 
 // Same values as cp::locate for every output position, computed segment by segment (no per-token
 // search): zigzag walks each segment's two chunks, contiguous the segments overlapping the rank's slice.
+// seg_src == nullptr: ids/labels/pos are the packed row. Otherwise (fused) ids/labels are the unpacked
+// source (num_src tokens), segment s reads from seg_src[s] (-1: padding) and positions are computed.
 template <typename Id, typename Label>
 void shard_loop(const Id* ids, const Label* labels, const int64_t* pos, const int32_t* cu, const int32_t* cu_padded,
                 int64_t num_segments, int64_t num_tokens, int64_t cp_size, int64_t cp_rank, bool zigzag,
-                int64_t out_len, int64_t pad_id, int64_t ignore_index, Id* out_ids, Label* out_split, Label* out_labels,
+                int64_t out_len, int64_t pad_id, int64_t ignore_index, const int64_t* seg_src, int64_t position_start,
+                std::optional<int64_t> first_label, Id* out_ids, Label* out_split, Label* out_labels,
                 int64_t* out_pos, int64_t* out_src, int32_t* out_seg) {
   const Label ignore = static_cast<Label>(ignore_index);
   // Positions [j, j + count) are tokens [first, first + count) of segment s (offsets inside it).
@@ -29,16 +33,36 @@ void shard_loop(const Id* ids, const Label* labels, const int64_t* pos, const in
     const int64_t begin = s < num_segments ? int64_t{cu[s]} : num_tokens;
     const int64_t len = s < num_segments ? int64_t{cu[s + 1]} - begin : 0;
     const int64_t real = std::clamp<int64_t>(len - first, 0, count);
-    for (int64_t k = 0; k < real; ++k) {
-      const int64_t src = begin + first + k;
-      out_src[j + k] = src;
-      out_seg[j + k] = static_cast<int32_t>(s);
-      out_ids[j + k] = ids[src];
-      out_split[j + k] = labels[src];
-      out_pos[j + k] = pos[src];
-      out_labels[j + k] = first + k + 1 < len ? labels[src + 1] : ignore;
+    if (seg_src == nullptr) {
+      for (int64_t k = 0; k < real; ++k) {
+        const int64_t src = begin + first + k;
+        out_src[j + k] = src;
+        out_seg[j + k] = static_cast<int32_t>(s);
+        out_ids[j + k] = ids[src];
+        out_split[j + k] = labels[src];
+        out_pos[j + k] = pos[src];
+        out_labels[j + k] = first + k + 1 < len ? labels[src + 1] : ignore;
+      }
+    } else {
+      const int64_t from = s < num_segments ? seg_src[s] : -1;  // the segment's first token in the source
+      for (int64_t k = 0; k < real; ++k) {
+        const int64_t o = first + k;  // offset in the segment
+        out_src[j + k] = begin + o;
+        out_seg[j + k] = static_cast<int32_t>(s);
+        out_pos[j + k] = position_start + o;
+        if (from < 0) {  // a padding segment of the packed row
+          out_ids[j + k] = static_cast<Id>(pad_id);
+          out_split[j + k] = ignore;
+          out_labels[j + k] = ignore;
+          continue;
+        }
+        const int64_t q = from + o;
+        out_ids[j + k] = ids[q];
+        out_split[j + k] = o == 0 && first_label ? static_cast<Label>(*first_label) : labels[q];
+        out_labels[j + k] = o + 1 < len ? labels[q + 1] : ignore;
+      }
     }
-    const int64_t base = len > 0 ? pos[begin + len - 1] + 1 : 0;
+    const int64_t base = len <= 0 ? 0 : seg_src == nullptr ? pos[begin + len - 1] + 1 : position_start + len;
     for (int64_t k = real; k < count; ++k) {
       out_src[j + k] = -1;
       out_seg[j + k] = static_cast<int32_t>(s);
@@ -74,15 +98,20 @@ void shard_loop(const Id* ids, const Label* labels, const int64_t* pos, const in
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
-    const Tensor& input_ids, const Tensor& labels, const Tensor& position_ids, const Tensor& cu_seqlens,
+    const Tensor& input_ids, const Tensor& labels, const std::optional<Tensor>& position_ids, const Tensor& cu_seqlens,
     const Tensor& cu_seqlens_padded, int64_t cp_size, int64_t cp_rank, bool zigzag, int64_t out_len, int64_t pad_id,
-    int64_t ignore_index) {
-  check_cp_shard_args(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_size, cp_rank, out_len);
+    int64_t ignore_index, const std::optional<Tensor>& seg_src, int64_t position_start,
+    std::optional<int64_t> first_label) {
+  check_cp_shard_args(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_size, cp_rank, out_len,
+                      seg_src, first_label);
   STD_TORCH_CHECK(input_ids.is_cpu(), "packkit::cp_shard: inputs must be CPU tensors here");
   const int64_t num_segments = cu_seqlens.numel() - 1;
-  const int64_t num_tokens = input_ids.numel();
   const int32_t* cu = cu_seqlens.const_data_ptr<int32_t>();
   const int32_t* cup = cu_seqlens_padded.const_data_ptr<int32_t>();
+  const int64_t* from = seg_src ? seg_src->const_data_ptr<int64_t>() : nullptr;
+  // Fused: the packed row's length is cu[S] (the source may hold more tokens: dropped ones, or fewer rows).
+  const int64_t num_tokens = from ? int64_t{cu[num_segments]} : input_ids.numel();
+  const int64_t num_src = input_ids.numel();
   // Data checks (the CPU has the data): the layout the index math trusts.
   STD_TORCH_CHECK(cu[0] == 0 && cu[num_segments] == num_tokens,
                   "packkit::cp_shard: cu_seqlens must run from 0 to the row's ", num_tokens, " tokens");
@@ -90,6 +119,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
   for (int64_t s = 0; s < num_segments; ++s) {
     const int64_t len = int64_t{cu[s + 1]} - cu[s];
     STD_TORCH_CHECK(len >= 0, "packkit::cp_shard: cu_seqlens must be non-decreasing (at ", s, ")");
+    if (from) {
+      STD_TORCH_CHECK(from[s] >= -1 && (from[s] < 0 || from[s] + len <= num_src), "packkit::cp_shard: seg_src[", s,
+                      "] = ", from[s], " puts the segment's ", len, " tokens outside the ", num_src,
+                      "-token source (or is < -1)");
+    }
     if (zigzag) {
       const int64_t padded = int64_t{cup[s + 1]} - cup[s];
       STD_TORCH_CHECK(padded >= len && padded % (2 * cp_size) == 0, "packkit::cp_shard: segment ", s, " has ", len,
@@ -109,13 +143,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
   Tensor pos = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long);
   Tensor src = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long);
   Tensor seg = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Int);
-  const int64_t* p = position_ids.const_data_ptr<int64_t>();
+  const int64_t* p = position_ids ? position_ids->const_data_ptr<int64_t>() : nullptr;
   auto run = [&](auto id_tag, auto label_tag) {
     using Id = decltype(id_tag);
     using Label = decltype(label_tag);
     shard_loop<Id, Label>(input_ids.const_data_ptr<Id>(), labels.const_data_ptr<Label>(), p, cu, cup, num_segments,
-                          num_tokens, cp_size, cp_rank, zigzag, out_len, pad_id, ignore_index,
-                          ids.mutable_data_ptr<Id>(), split.mutable_data_ptr<Label>(), lab.mutable_data_ptr<Label>(), pos.mutable_data_ptr<int64_t>(),
+                          num_tokens, cp_size, cp_rank, zigzag, out_len, pad_id, ignore_index, from, position_start,
+                          first_label, ids.mutable_data_ptr<Id>(), split.mutable_data_ptr<Label>(), lab.mutable_data_ptr<Label>(), pos.mutable_data_ptr<int64_t>(),
                           src.mutable_data_ptr<int64_t>(), seg.mutable_data_ptr<int32_t>());
   };
   const bool id64 = input_ids.scalar_type() == ScalarType::Long;

@@ -1,7 +1,8 @@
 // CUDA implementation of packkit::cp_shard (semantics: tests/cp_reference.py; index math shared with
 // the CPU op in context_parallel.hpp). One kernel, one launch on the current stream: each thread owns
 // output positions, binary-searches its segment in the padded (zigzag) or plain (contiguous)
-// cu_seqlens and gathers input_ids, labels, position_ids and the next label of the same segment. Nothing is
+// cu_seqlens and gathers input_ids, labels, position_ids and the next label of the same segment; in the
+// fused mode (seg_src) it reads them straight from the unpacked source (pack + pad + split in one launch). Nothing is
 // read back to the host; out_len comes from the caller. Host checks are metadata only; every device
 // index is bounded (context_parallel.hpp), so inconsistent cu_seqlens give padding, never a fault.
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #define USE_CUDA
 #endif
 
+#include <optional>
 #include <tuple>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -37,29 +39,52 @@ __global__ void cp_shard_kernel(const Id* __restrict__ ids, const Label* __restr
                                 const int64_t* __restrict__ pos, const int32_t* __restrict__ cu,
                                 const int32_t* __restrict__ cu_padded, int64_t num_segments, int64_t num_tokens,
                                 int64_t cp_size, int64_t cp_rank, bool zigzag, int64_t out_len, int64_t pad_id,
-                                int64_t ignore_index, Id* __restrict__ out_ids, Label* __restrict__ out_split,
+                                int64_t ignore_index, const int64_t* __restrict__ seg_src, int64_t num_src,
+                                int64_t position_start, bool has_first, int64_t first_label,
+                                Id* __restrict__ out_ids, Label* __restrict__ out_split,
                                 Label* __restrict__ out_labels,
                                 int64_t* __restrict__ out_pos, int64_t* __restrict__ out_src,
                                 int32_t* __restrict__ out_seg) {
+  // Fused (seg_src != nullptr): the packed row's length is cu[S], read here on the device (no host sync).
+  if (seg_src != nullptr) num_tokens = num_segments >= 0 ? int64_t{cu[num_segments]} : 0;
+  const Label ignore = static_cast<Label>(ignore_index);
   for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < out_len;
        j += int64_t{gridDim.x} * blockDim.x) {
     const cp::Source w = cp::locate(j, cu, cu_padded, num_segments, num_tokens, cp_size, cp_rank, zigzag, out_len);
     out_src[j] = w.src;
     out_seg[j] = static_cast<int32_t>(w.seg);
-    if (w.src >= 0) {
+    const bool in_seg = w.seg < num_segments;
+    const int64_t begin = in_seg ? int64_t{cu[w.seg]} : num_tokens;
+    const int64_t end = in_seg ? int64_t{cu[w.seg + 1]} : num_tokens;
+    if (w.src >= 0 && seg_src == nullptr) {
       out_ids[j] = ids[w.src];
       out_split[j] = labels[w.src];
       out_pos[j] = pos[w.src];
-      const int64_t end = w.seg < num_segments ? int64_t{cu[w.seg + 1]} : num_tokens;
-      out_labels[j] = (w.src + 1 < end && w.src + 1 < num_tokens) ? labels[w.src + 1] : static_cast<Label>(ignore_index);
+      out_labels[j] = (w.src + 1 < end && w.src + 1 < num_tokens) ? labels[w.src + 1] : ignore;
+    } else if (w.src >= 0) {
+      const int64_t o = w.src - begin;  // offset in the segment
+      const int64_t from = in_seg ? seg_src[w.seg] : -1;
+      const int64_t q = from + o;  // the token in the unpacked source
+      out_pos[j] = position_start + o;
+      if (from >= 0 && q < num_src) {
+        out_ids[j] = ids[q];
+        out_split[j] = (o == 0 && has_first) ? static_cast<Label>(first_label) : labels[q];
+        out_labels[j] = (w.src + 1 < end && q + 1 < num_src) ? labels[q + 1] : ignore;
+      } else {  // a padding segment of the packed row (or an inconsistent seg_src: padding, never a fault)
+        out_ids[j] = static_cast<Id>(pad_id);
+        out_split[j] = ignore;
+        out_labels[j] = ignore;
+      }
     } else {
       out_ids[j] = static_cast<Id>(pad_id);
-      out_split[j] = static_cast<Label>(ignore_index);
-      out_labels[j] = static_cast<Label>(ignore_index);
+      out_split[j] = ignore;
+      out_labels[j] = ignore;
       int64_t base = 0;
-      if (w.seg < num_segments) {
-        const int64_t last = int64_t{cu[w.seg + 1]} - 1;
-        if (last >= cu[w.seg] && last >= 0 && last < num_tokens) base = pos[last] + 1;
+      if (in_seg) {
+        const int64_t last = end - 1;
+        if (last >= begin && last >= 0 && last < num_tokens) {
+          base = seg_src == nullptr ? pos[last] + 1 : position_start + (end - begin);
+        }
       }
       out_pos[j] = base + w.pad_pos;
     }
@@ -69,10 +94,12 @@ __global__ void cp_shard_kernel(const Id* __restrict__ ids, const Label* __restr
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cuda(
-    const Tensor& input_ids, const Tensor& labels, const Tensor& position_ids, const Tensor& cu_seqlens,
+    const Tensor& input_ids, const Tensor& labels, const std::optional<Tensor>& position_ids, const Tensor& cu_seqlens,
     const Tensor& cu_seqlens_padded, int64_t cp_size, int64_t cp_rank, bool zigzag, int64_t out_len, int64_t pad_id,
-    int64_t ignore_index) {
-  check_cp_shard_args(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_size, cp_rank, out_len);
+    int64_t ignore_index, const std::optional<Tensor>& seg_src, int64_t position_start,
+    std::optional<int64_t> first_label) {
+  check_cp_shard_args(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_size, cp_rank, out_len,
+                      seg_src, first_label);
   STD_TORCH_CHECK(input_ids.is_cuda(), "packkit::cp_shard: inputs must be CUDA tensors here");
   Tensor ids = torch::stable::new_empty(input_ids, {out_len});
   Tensor split = torch::stable::new_empty(labels, {out_len});
@@ -89,9 +116,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cuda(
     using Id = decltype(id_tag);
     using Label = decltype(label_tag);
     cp_shard_kernel<Id, Label><<<static_cast<unsigned>(blocks), kCpThreads, 0, stream>>>(
-        input_ids.const_data_ptr<Id>(), labels.const_data_ptr<Label>(), position_ids.const_data_ptr<int64_t>(),
-        cu_seqlens.const_data_ptr<int32_t>(), cu_seqlens_padded.const_data_ptr<int32_t>(), num_segments, num_tokens,
-        cp_size, cp_rank, zigzag, out_len, pad_id, ignore_index, ids.mutable_data_ptr<Id>(),
+        input_ids.const_data_ptr<Id>(), labels.const_data_ptr<Label>(),
+        position_ids ? position_ids->const_data_ptr<int64_t>() : nullptr, cu_seqlens.const_data_ptr<int32_t>(),
+        cu_seqlens_padded.const_data_ptr<int32_t>(), num_segments, num_tokens, cp_size, cp_rank, zigzag, out_len,
+        pad_id, ignore_index, seg_src ? seg_src->const_data_ptr<int64_t>() : nullptr, input_ids.numel(),
+        position_start, first_label.has_value(), first_label.value_or(0), ids.mutable_data_ptr<Id>(),
         split.mutable_data_ptr<Label>(), lab.mutable_data_ptr<Label>(), pos.mutable_data_ptr<int64_t>(), src.mutable_data_ptr<int64_t>(),
         seg.mutable_data_ptr<int32_t>());
   };

@@ -56,7 +56,8 @@ void unpack_padded_out_cpu(const Tensor& packed, const Tensor& seg_seq, const Te
 // --- Context parallelism (context_parallel_op.cpp / .cu; semantics in tests/cp_reference.py) ----
 namespace packkit::ops {
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
-    const Tensor& input_ids, const Tensor& labels, const Tensor& position_ids, const Tensor& cu_seqlens,
+    const Tensor& input_ids, const Tensor& labels, const std::optional<Tensor>& position_ids, const Tensor& cu_seqlens,
     const Tensor& cu_seqlens_padded, int64_t cp_size, int64_t cp_rank, bool zigzag, int64_t out_len, int64_t pad_id,
-    int64_t ignore_index);
+    int64_t ignore_index, const std::optional<Tensor>& seg_src, int64_t position_start,
+    std::optional<int64_t> first_label);
 }  // namespace packkit::ops

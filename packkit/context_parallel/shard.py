@@ -81,25 +81,37 @@ def _check_cp(cp_size, cp_rank, mode) -> None:
         raise ValueError(f"unknown context-parallel mode {mode!r}; allowed: {', '.join(CP_MODES)}")
 
 
-def _host_cu_from_info(info: PackInfo) -> np.ndarray:
-    """The packed row's cu_seqlens on the host, rebuilt from the plan (what packkit::layout computes)."""
-    shape, seg = info.layout, info.segments
+def _host_layout(shape, seg) -> tuple:
+    """The packed row's cu_seqlens (int64 [S + 1]) and each segment's plan segment (int64 [S], -1 for a padding
+    tail) on the host, rebuilt from the plan: what packkit::layout computes, without a device read."""
     lengths, offsets = seg.length.astype(np.int64), seg.bin_offsets
     pieces: List[np.ndarray] = []
+    owners: List[np.ndarray] = []
+    pad = np.array([-1], np.int64)
     if shape.flat:
         pieces.append(lengths)
+        owners.append(np.arange(len(lengths), dtype=np.int64))
         if shape.row_len > int(lengths.sum()):
             pieces.append(np.array([shape.row_len - int(lengths.sum())], np.int64))
+            owners.append(pad)
     else:
         num_bins = len(offsets) - 1
         for b in range(shape.num_rows):
-            row = lengths[offsets[b]:offsets[b + 1]] if b < num_bins else lengths[:0]
-            pieces.append(row)
-            tail = shape.row_len - int(row.sum())
+            lo, hi = (int(offsets[b]), int(offsets[b + 1])) if b < num_bins else (0, 0)
+            pieces.append(lengths[lo:hi])
+            owners.append(np.arange(lo, hi, dtype=np.int64))
+            tail = shape.row_len - int(lengths[lo:hi].sum())
             if tail:
                 pieces.append(np.array([tail], np.int64))
+                owners.append(pad)
     seg_lengths = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
-    return np.concatenate(([0], np.cumsum(seg_lengths))).astype(np.int64)
+    owner = np.concatenate(owners) if owners else np.zeros(0, np.int64)
+    return np.concatenate(([0], np.cumsum(seg_lengths))).astype(np.int64), owner
+
+
+def _host_cu_from_info(info: PackInfo) -> np.ndarray:
+    """The packed row's cu_seqlens on the host, rebuilt from the plan (what packkit::layout computes)."""
+    return _host_layout(info.layout, info.segments)[0]
 
 
 def _host_cu(batch, lengths, pack_info) -> np.ndarray:
@@ -136,6 +148,35 @@ def _src_index_host(cu: np.ndarray, cup: np.ndarray, cp: int, rank: int, zigzag:
     c = chunk[seg]
     idx = np.where(k < c, rank * c + k, (2 * cp - 1 - rank) * c + (k - c))
     return np.where(idx < np.diff(cu)[seg], cu[:-1][seg] + idx, -1)
+
+
+def _cp_geometry(cu: np.ndarray, cp_size: int, cp_rank: int, mode: str) -> tuple:
+    """Host ints of a split of a row with segments ``cu``: (padded cu [S + 1], local_len, local cu)."""
+    num_tokens = int(cu[-1])
+    if mode == "zigzag":
+        cup = np.concatenate(([0], np.cumsum(cp_padded_lengths(np.diff(cu), cp_size)))).astype(np.int64)
+        local_len = int(cup[-1]) // cp_size
+        local_cu = cup // cp_size
+    else:
+        cup = cu
+        local_len = -(-num_tokens // cp_size)
+        local_cu = _local_cu_contiguous(cu, local_len * cp_size, cp_rank, local_len)
+    if int(cup[-1]) >= 2**31:
+        raise ValueError(f"the CP-padded row holds {int(cup[-1])} tokens; cu_seqlens are int32 (< 2^31)")
+    return cup, local_len, local_cu
+
+
+def _shard_outputs(outs, local_cu: np.ndarray, cup_dev: Optional[torch.Tensor], device) -> dict:
+    """The HF-named dict of a rank's shard from cp_shard's outputs (cu_seqlens_padded in zigzag mode)."""
+    out_ids, out_labels, shift, out_pos, _, seg = outs
+    local_cu_dev = to_device(host_tensor(local_cu.astype(np.int32)), device)
+    max_len = int(np.diff(local_cu).max()) if len(local_cu) > 1 else 0
+    out = {"input_ids": out_ids.unsqueeze(0), "labels": out_labels.unsqueeze(0), "shift_labels": shift.unsqueeze(0),
+           "position_ids": out_pos.unsqueeze(0), "seq_idx": seg.unsqueeze(0), "cu_seq_lens_q": local_cu_dev,
+           "cu_seq_lens_k": local_cu_dev, "max_length_q": max_len, "max_length_k": max_len}
+    if cup_dev is not None:
+        out["cu_seqlens_padded"] = cup_dev
+    return out
 
 
 def _cp_op(backend: str):
@@ -221,17 +262,8 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
         raise ValueError("cu_seq_lens must have at least one segment")
     if int(cu[-1]) != num_tokens or (len(cu) > 1 and np.diff(cu).min() < 0):
         raise ValueError(f"the segment lengths sum to {int(cu[-1])} but the batch has {num_tokens} tokens")
+    cup, local_len, local_cu = _cp_geometry(cu, cp_size, cp_rank, mode)
     zigzag = mode == "zigzag"
-    if zigzag:
-        cup = np.concatenate(([0], np.cumsum(cp_padded_lengths(np.diff(cu), cp_size)))).astype(np.int64)
-        local_len = int(cup[-1]) // cp_size
-        local_cu = cup // cp_size
-    else:
-        cup = cu
-        local_len = -(-num_tokens // cp_size)
-        local_cu = _local_cu_contiguous(cu, local_len * cp_size, cp_rank, local_len)
-    if int(cup[-1]) >= 2**31:
-        raise ValueError(f"the CP-padded row holds {int(cup[-1])} tokens; cu_seqlens are int32 (< 2^31)")
 
     device = ids.device
     which = _backend_for(device, backend)
@@ -240,23 +272,17 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
             and cu_dev.dim() == 1 and cu_dev.numel() == len(cu) and lengths is None and pack_info is None):
         cu_dev = to_device(host_tensor(cu.astype(np.int32)), device)
     cup_dev = cu_dev if not zigzag else to_device(host_tensor(cup.astype(np.int32)), device)
-    out_ids, out_labels, shift, out_pos, src, seg = _cp_op(which)(
+    outs = _cp_op(which)(
         ids.contiguous(), labels.contiguous(), pos.reshape(num_tokens).to(torch.int64).contiguous(), cu_dev.contiguous(),
         cup_dev.contiguous(), cp_size, cp_rank, zigzag, local_len, int(pad_token_id), int(ignore_index))
-    local_cu_dev = to_device(host_tensor(local_cu.astype(np.int32)), device)
-    max_len = int(np.diff(local_cu).max()) if len(local_cu) > 1 else 0
-    out = {"input_ids": out_ids.unsqueeze(0), "labels": out_labels.unsqueeze(0), "shift_labels": shift.unsqueeze(0),
-           "position_ids": out_pos.unsqueeze(0), "seq_idx": seg.unsqueeze(0), "cu_seq_lens_q": local_cu_dev,
-           "cu_seq_lens_k": local_cu_dev, "max_length_q": max_len, "max_length_k": max_len}
-    if zigzag:
-        out["cu_seqlens_padded"] = cup_dev
+    out = _shard_outputs(outs, local_cu, cup_dev if zigzag else None, device)
     for key, value in batch.items():
         if key in _CORE_KEYS:
             continue
-        out[key] = _split_field(value, src, ids_in.shape) if _is_per_token(value, ids_in.shape) else value
+        out[key] = _split_field(value, outs[4], ids_in.shape) if _is_per_token(value, ids_in.shape) else value
     if not return_info:
         return out
-    return out, CPShardInfo(cp_size, cp_rank, mode, cu, cup, num_tokens, local_len, src)
+    return out, CPShardInfo(cp_size, cp_rank, mode, cu, cup, num_tokens, local_len, outs[4])
 
 
 def unshard_context_parallel(gathered: Union[torch.Tensor, Sequence[torch.Tensor]], info: CPShardInfo) -> torch.Tensor:

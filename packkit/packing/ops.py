@@ -81,7 +81,8 @@ def _unpack_padded_fake(packed, seg_seq, seg_start, cu_seqlens, cu_seg, flat, nu
 # --- Context parallelism (packkit.context_parallel): sizes from the host int out_len ----------------
 @torch.library.register_fake("packkit::cp_shard")
 def _cp_shard_fake(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_size, cp_rank, zigzag, out_len,
-                   pad_id=0, ignore_index=-100):
+                   pad_id=0, ignore_index=-100, seg_src=None, position_start=0, first_label=None):
+    # Fused (seg_src): input_ids/labels are the unpacked source; the outputs are still out_len long.
     torch._check(out_len >= 0, lambda: "packkit::cp_shard: out_len must be >= 0")
     return (input_ids.new_empty((out_len,)), labels.new_empty((out_len,)), labels.new_empty((out_len,)),
             input_ids.new_empty((out_len,), dtype=torch.int64), input_ids.new_empty((out_len,), dtype=torch.int64),

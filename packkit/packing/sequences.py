@@ -189,6 +189,49 @@ def _op(name: str, backend: str):
     return getattr(torch.ops.packkit, name)
 
 
+def source_tokens(sequences, lengths, labels):
+    """(flat int ids, int64 numpy lengths, flat int labels or None) of pack_sequences' inputs, checked."""
+    flat_ids, seq_lengths = flatten_sequences(sequences, lengths)
+    if flat_ids.dim() != 1:
+        raise ValueError(f"input ids must be 1-D per sequence, got trailing dims {tuple(flat_ids.shape[1:])}")
+    if flat_ids.dtype not in (torch.int64, torch.int32):
+        if flat_ids.dtype.is_floating_point or flat_ids.dtype == torch.bool:
+            raise TypeError(f"input ids must be an integer tensor, got {flat_ids.dtype}")
+        flat_ids = flat_ids.to(torch.int64)
+    flat_labels = None
+    if labels is not None:
+        flat_labels, label_lengths = flatten_sequences(labels, lengths, name="labels")
+        if not np.array_equal(label_lengths, seq_lengths):
+            i = int(np.flatnonzero(label_lengths != seq_lengths)[0]) if len(label_lengths) == len(seq_lengths) else -1
+            raise ValueError("labels must have the same lengths as the sequences"
+                             + (f" (sequence {i}: {seq_lengths[i]} ids, {label_lengths[i]} labels)" if i >= 0 else
+                                f" ({len(label_lengths)} label sequences for {len(seq_lengths)} sequences)"))
+        if flat_labels.dtype not in (torch.int64, torch.int32):
+            flat_labels = flat_labels.to(torch.int64)
+    return flat_ids, seq_lengths, flat_labels
+
+
+def plan_layout(seq_lengths, plan, capacity, algorithm, overlong, layout, row_len, num_rows):
+    """(plan segments, PackLayout) of pack_sequences' plan options, checked against the lengths on the host."""
+    if plan is None and capacity is not None:
+        plan = make_plan(seq_lengths, capacity, algorithm=algorithm, overlong=overlong)
+    if plan is not None:
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a packkit.Plan, got {type(plan).__name__}")
+        if plan.num_sequences != len(seq_lengths):
+            raise ValueError(f"the plan is for {plan.num_sequences} sequences but {len(seq_lengths)} were given")
+        segments = plan.segments
+        check_plan_fits(segments, seq_lengths)
+        if layout == "padded" and row_len is None:
+            row_len = plan.capacity
+    elif layout == "flat":
+        segments = identity_segments(seq_lengths)
+    else:
+        raise ValueError("the padded layout needs a plan or a capacity")
+    shape = pack_layout(segments, flat=layout == "flat", row_len=row_len, num_rows=num_rows)
+    return segments, shape
+
+
 def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan] = None,
                    capacity: Optional[int] = None, algorithm: str = "obfd", overlong: str = "error",
                    layout: str = "flat", num_rows: Optional[int] = None, row_len: Optional[int] = None,
@@ -237,24 +280,7 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
         raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
     if out is not None and not isinstance(out, PackBuffers):
         raise TypeError(f"out must be a packkit.PackBuffers, got {type(out).__name__}")
-    flat_ids, seq_lengths = flatten_sequences(sequences, lengths)
-    if flat_ids.dim() != 1:
-        raise ValueError(f"input ids must be 1-D per sequence, got trailing dims {tuple(flat_ids.shape[1:])}")
-    if flat_ids.dtype not in (torch.int64, torch.int32):
-        if flat_ids.dtype.is_floating_point or flat_ids.dtype == torch.bool:
-            raise TypeError(f"input ids must be an integer tensor, got {flat_ids.dtype}")
-        flat_ids = flat_ids.to(torch.int64)
-    flat_labels = None
-    if labels is not None:
-        flat_labels, label_lengths = flatten_sequences(labels, lengths, name="labels")
-        if not np.array_equal(label_lengths, seq_lengths):
-            i = int(np.flatnonzero(label_lengths != seq_lengths)[0]) if len(label_lengths) == len(seq_lengths) else -1
-            raise ValueError("labels must have the same lengths as the sequences"
-                             + (f" (sequence {i}: {seq_lengths[i]} ids, {label_lengths[i]} labels)" if i >= 0 else
-                                f" ({len(label_lengths)} label sequences for {len(seq_lengths)} sequences)"))
-        if flat_labels.dtype not in (torch.int64, torch.int32):
-            flat_labels = flat_labels.to(torch.int64)
-
+    flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels)
     extra = None
     if fields or mrope is not None:
 
@@ -262,22 +288,7 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
             raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start must be 0")
         extra = prepare_fields(fields, seq_lengths, flat_ids, extra_fields=extra_fields, pad_values=pad_values, mrope=mrope)
 
-    if plan is None and capacity is not None:
-        plan = make_plan(seq_lengths, capacity, algorithm=algorithm, overlong=overlong)
-    if plan is not None:
-        if not isinstance(plan, Plan):
-            raise TypeError(f"plan must be a packkit.Plan, got {type(plan).__name__}")
-        if plan.num_sequences != len(seq_lengths):
-            raise ValueError(f"the plan is for {plan.num_sequences} sequences but {len(seq_lengths)} were given")
-        segments = plan.segments
-        check_plan_fits(segments, seq_lengths)
-        if layout == "padded" and row_len is None:
-            row_len = plan.capacity
-    elif layout == "flat":
-        segments = identity_segments(seq_lengths)
-    else:
-        raise ValueError("the padded layout needs a plan or a capacity")
-    shape = pack_layout(segments, flat=layout == "flat", row_len=row_len, num_rows=num_rows)
+    segments, shape = plan_layout(seq_lengths, plan, capacity, algorithm, overlong, layout, row_len, num_rows)
 
     device = flat_ids.device if device is None else torch.device(device)
     if device.type == "cuda" and device.index is None:

@@ -14,9 +14,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..context_parallel import cp_plan_multiple, parse_context_parallel, shard_context_parallel
+from ..context_parallel import cp_plan_multiple, pack_context_parallel, parse_context_parallel, shard_context_parallel
 from ..packing.buffers import PackBuffers
-from ..packing.fields import check_pad_values, check_policy
+from ..packing.fields import check_pad_values, check_policy, prepare_fields
 from ..packing.multimodal import mrope_spec
 from ..packing.sequences import LAYOUTS, flatten_sequences, pack_sequences
 from ..planning.planner import ALGORITHMS, OVERLONG_POLICIES, plan as make_plan
@@ -71,7 +71,9 @@ class PackingCollator:
         context_parallel: ``(cp_size, cp_rank)`` or ``(cp_size, cp_rank, mode)`` (mode ``"zigzag"``, default,
             or ``"contiguous"``): return this context-parallel rank's shard of the packed batch
             (:func:`packkit.shard_context_parallel`: ``shift_labels``, global ``position_ids``, local
-            ``cu_seq_lens_q/k``; ``num_items_in_batch`` counts the whole batch). With a ``capacity``, rows are
+            ``cu_seq_lens_q/k``; ``num_items_in_batch`` counts the whole batch), built straight from the features
+            in one ``cp_shard`` launch (:func:`packkit.pack_context_parallel`; with vision inputs or
+            ``extra_fields="keep"`` lists: packed, then sharded). With a ``capacity``, rows are
             planned with ``pad_to_multiple_of=2 * cp_size`` in zigzag mode (capacity must be a multiple), so
             each planned row still fits once its documents are padded. Use the flat layout: in the padded
             layout every row's padding tail is padded too. Not with ``mrope`` or ``return_block_mask``.
@@ -179,34 +181,15 @@ class PackingCollator:
         flat_ids, flat_labels, lengths, fields = self._gather(features)
         extra = dict(fields=fields, pad_values=self.pad_values, extra_fields=self.extra_fields, mrope=self.mrope)
         mask_first = self.separator_id is not None
-        if self.layout == "flat":
-            plan = make_plan(lengths, self.capacity, algorithm="nf", overlong=self.overlong,
-                             pad_to_multiple_of=self._cp_multiple) if self.capacity else None
-            kept = plan.kept_tokens if plan is not None else int(lengths.sum())
-            row_len = _round_up(kept, self.pad_to_multiple_of) if self.pad_to_multiple_of else None
-            if kept == 0 and self.capacity:  # e.g. a sampler's empty last-step row: one padding row, not [1, 0]
-                row_len = self.capacity
-            batch, info = pack_sequences(flat_ids, lengths, labels=flat_labels, plan=plan, layout="flat", row_len=row_len,
-                                         pad_token_id=self.pad_token_id, ignore_index=self.ignore_index,
-                                         mask_first_label=mask_first, position_ids_start=self.position_ids_start,
-                                         device=self.device, backend=self.backend, return_info=True, out=self.buffers,
-                                         **extra)
-        else:
-            plan = make_plan(lengths, self.capacity, algorithm=self.algorithm, overlong=self.overlong,
-                             pad_to_multiple_of=self._cp_multiple)
-            row_len = self.capacity
-            if not self.pad_to_capacity:
-                longest = int(plan.bin_tokens.max()) if plan.num_bins else 1
-                row_len = min(_round_up(longest, self.pad_to_multiple_of), max(self.capacity, longest))
-            num_rows = self.num_rows if self.num_rows is not None else max(plan.num_bins, 1)
-            if plan.num_bins > num_rows:
-                raise ValueError(f"this batch needs {plan.num_bins} rows of {self.capacity} tokens but num_rows="
-                                 f"{num_rows}; use fewer/shorter features per batch or a larger num_rows")
-            batch, info = pack_sequences(flat_ids, lengths, labels=flat_labels, plan=plan, layout="padded",
-                                         num_rows=num_rows, row_len=row_len, pad_token_id=self.pad_token_id,
-                                         ignore_index=self.ignore_index, mask_first_label=mask_first,
-                                         position_ids_start=self.position_ids_start, device=self.device,
-                                         backend=self.backend, return_info=True, out=self.buffers, **extra)
+        plan, pack_args = self._plan(lengths)
+        if self.context_parallel is not None:
+            token_fields = self._cp_token_fields(fields, lengths, flat_ids)
+            if token_fields is not None:
+                return self._fused_cp(flat_ids, flat_labels, lengths, plan, pack_args, token_fields)
+        batch, info = pack_sequences(flat_ids, lengths, labels=flat_labels, plan=plan, pad_token_id=self.pad_token_id,
+                                     ignore_index=self.ignore_index, mask_first_label=mask_first,
+                                     position_ids_start=self.position_ids_start, device=self.device,
+                                     backend=self.backend, return_info=True, out=self.buffers, **pack_args, **extra)
         if mask_first and self.separator_id != self.ignore_index:
             self._set_first_labels(batch, info)
         if self.return_num_items:
@@ -220,6 +203,51 @@ class PackingCollator:
             batch = shard_context_parallel(batch, cp_size, cp_rank, mode, pack_info=info,
                                            pad_token_id=self.pad_token_id, ignore_index=self.ignore_index)
         return batch
+
+    def _plan(self, lengths):
+        """(plan or None, pack_sequences' layout arguments) for this batch's lengths."""
+        if self.layout == "flat":
+            plan = make_plan(lengths, self.capacity, algorithm="nf", overlong=self.overlong,
+                             pad_to_multiple_of=self._cp_multiple) if self.capacity else None
+            kept = plan.kept_tokens if plan is not None else int(lengths.sum())
+            row_len = _round_up(kept, self.pad_to_multiple_of) if self.pad_to_multiple_of else None
+            if kept == 0 and self.capacity:  # e.g. a sampler's empty last-step row: one padding row, not [1, 0]
+                row_len = self.capacity
+            return plan, dict(layout="flat", row_len=row_len)
+        plan = make_plan(lengths, self.capacity, algorithm=self.algorithm, overlong=self.overlong,
+                         pad_to_multiple_of=self._cp_multiple)
+        row_len = self.capacity
+        if not self.pad_to_capacity:
+            longest = int(plan.bin_tokens.max()) if plan.num_bins else 1
+            row_len = min(_round_up(longest, self.pad_to_multiple_of), max(self.capacity, longest))
+        num_rows = self.num_rows if self.num_rows is not None else max(plan.num_bins, 1)
+        if plan.num_bins > num_rows:
+            raise ValueError(f"this batch needs {plan.num_bins} rows of {self.capacity} tokens but num_rows="
+                             f"{num_rows}; use fewer/shorter features per batch or a larger num_rows")
+        return plan, dict(layout="padded", num_rows=num_rows, row_len=row_len)
+
+    # -- context parallelism: the rank's shard straight from the features (one cp_shard launch) ------
+    def _cp_token_fields(self, fields, lengths, flat_ids) -> Optional[dict]:
+        """The batch's per-token fields (flat, source order) when the fused CP path can split them all, else
+        None (vision inputs or extra_fields='keep' lists: pack, then shard)."""
+        if not fields:
+            return {}
+        sorted_fields = prepare_fields(fields, lengths, flat_ids, extra_fields=self.extra_fields,
+                                       pad_values=self.pad_values, mrope=None)[0]
+        return None if sorted_fields.vision or sorted_fields.keep else sorted_fields.token
+
+    def _fused_cp(self, flat_ids, flat_labels, lengths, plan, pack_args, token_fields) -> dict:
+        cp_size, cp_rank, mode = self.context_parallel
+        out = pack_context_parallel(
+            flat_ids, cp_size, cp_rank, mode, lengths=lengths, labels=flat_labels, plan=plan,
+            pad_token_id=self.pad_token_id, ignore_index=self.ignore_index,
+            mask_first_label=self.separator_id is not None, separator_id=self.separator_id,
+            position_ids_start=self.position_ids_start, device=self.device, backend=self.backend,
+            fields=token_fields or None, pad_values=self.pad_values, **pack_args)
+        if self.return_num_items:
+            out["num_items_in_batch"] = _num_items(flat_ids if flat_labels is None else flat_labels, lengths, plan,
+                                                   self.separator_id, self.ignore_index, out["input_ids"].device)
+        return out
 
     def _set_first_labels(self, batch: dict, info) -> None:
         """Put separator_id at the first label of every real (non-padding) segment."""
@@ -235,6 +263,32 @@ class PackingCollator:
                 starts = bin_of * info.layout.row_len + cumulative[:-1] - cumulative[seg.bin_offsets[:-1]][bin_of]
         labels = batch["labels"].view(-1)
         labels[torch.from_numpy(starts).to(labels.device, non_blocking=True)] = self.separator_id
+
+
+def _num_items(labels: torch.Tensor, lengths, plan, first_label, ignore_index: int, device) -> torch.Tensor:
+    """Labels of the whole packed batch that count in the loss (``labels.ne(ignore_index).sum()`` of the packed
+    batch, as a 0-d int64 tensor on ``device``), from the unpacked labels and the plan: no packed batch needed.
+    Host labels are counted with numpy (no device work); device ones with a few tensor ops (no host sync)."""
+    lengths = np.asarray(lengths, np.int64)
+    if plan is None:
+        seq = np.flatnonzero(lengths > 0)
+        start, length = np.zeros(len(seq), np.int64), lengths[seq]
+    else:
+        seq, start, length = plan.segments.seq_index, plan.segments.start, plan.segments.length
+    begin = np.concatenate(([0], np.cumsum(lengths)))[seq] + start
+    if labels.device.type == "cpu":
+        counts = np.concatenate(([0], np.cumsum(labels.numpy() != ignore_index)))
+        total = int((counts[begin + length] - counts[begin]).sum())
+        if first_label is not None and len(begin):
+            total += len(begin) * int(first_label != ignore_index) - int((labels.numpy()[begin] != ignore_index).sum())
+        return torch.tensor(total, dtype=torch.int64).to(device)
+    counts = torch.cat((labels.new_zeros(1, dtype=torch.int64), labels.ne(ignore_index).cumsum(0)))
+    index = torch.from_numpy(begin).to(labels.device, non_blocking=True)
+    ends = torch.from_numpy(begin + length).to(labels.device, non_blocking=True)
+    total = (counts[ends] - counts[index]).sum()
+    if first_label is not None:
+        total = total + len(begin) * int(first_label != ignore_index) - labels[index].ne(ignore_index).sum()
+    return total.to(device)
 
 
 def document_causal_block_mask(seq_idx: torch.Tensor, block_size: int = 128):

@@ -101,3 +101,49 @@ def test_auto_backend_uses_the_cuda_kernels():
     from packkit.packing.sequences import _backend_for
 
     assert _backend_for(torch.device("cuda", 0), "auto") == "cuda"
+
+
+# --- Context parallelism, fused pack + shard (packkit.pack_context_parallel; CPU twin: tests/test_cp_fused.py) ---
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["zigzag", "contiguous"])
+def test_fused_cp_matches_reference_and_cpu(backend, mode):
+    from cp_fused_cases import check_reference, make_case
+
+    for seed in range(10):
+        seqs, lengths, kw = make_case(seed)
+        for cp in (1, 2, 3):
+            for rank in range(cp):
+                torch.full((1 << 20,), 0x5A, dtype=torch.uint8, device="cuda")  # poison the next blocks
+                out = packkit.pack_context_parallel(seqs, cp, rank, mode, device="cuda", backend=backend, **kw)
+                check_reference(out, seqs, lengths, kw, cp, rank, mode)
+                _equal_batches(packkit.pack_context_parallel(seqs, cp, rank, mode, **kw), out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fused_cp_runs_in_one_launch_without_a_host_sync(backend):
+    flat = torch.randint(1, 32000, (5000,))
+    lengths = np.random.default_rng(0).multinomial(5000 - 40, np.ones(40) / 40) + 1
+
+    def run():
+        return packkit.pack_context_parallel(flat, 4, 1, "zigzag", lengths=lengths, capacity=4096, layout="padded",
+                                             device="cuda", backend=backend)
+
+    run()  # warm up: Triton compilation, allocator
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    _equal_batches(packkit.pack_context_parallel(flat, 4, 1, "zigzag", lengths=lengths, capacity=4096,
+                                                 layout="padded"), out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_collator_fused_cp_on_cuda_equals_cpu(backend):
+    features = [{"input_ids": s, "labels": s[::-1]} for s in _sequences(3, n=24)]
+    for mode in ("zigzag", "contiguous"):
+        kwargs = dict(layout="flat", return_num_items=True, context_parallel=(4, 3, mode))
+        cpu = packkit.PackingCollator(1024, **kwargs)(features)
+        gpu = packkit.PackingCollator(1024, device="cuda", backend=backend, **kwargs)(features)
+        _equal_batches(cpu, gpu)

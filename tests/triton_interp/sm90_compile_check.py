@@ -99,6 +99,11 @@ def main() -> int:
         for zigzag in (True, False):
             CP.cp_shard(torch.zeros(9, dtype=ids_dtype), torch.zeros(9, dtype=lab_dtype), torch.zeros(9, **i64), cp_cu,
                         cp_cup if zigzag else cp_cu, 2, 1, zigzag, 6 if zigzag else 5, 0, -100)
+            # Fused pack + shard (seg_src over the unpacked source), with and without a first label.
+            for first in (None, -100):
+                CP.cp_shard(torch.zeros(11, dtype=ids_dtype), torch.zeros(11, dtype=lab_dtype), None, cp_cu,
+                            cp_cup if zigzag else cp_cu, 2, 1, zigzag, 6 if zigzag else 5, 0, -100,
+                            torch.tensor([2, -1], **i64), 1, first)
     print(f"COMPILED {len(_seen)}")
     trace_checks()
     return 0

@@ -60,3 +60,29 @@ def test_triton_cp_shard_inconsistent_cu_stays_in_bounds():
     got = torch.ops.packkit.triton_cp_shard(ids, ids, pos, bad, torch.tensor([0, 8, 64], dtype=torch.int32), 2, 1,
                                             True, 32, 0, -100)
     assert got[0].numel() == 32 and bool((got[4] < 10).all())
+
+
+@pytest.mark.parametrize("block", [1024, 8])
+@pytest.mark.parametrize("mode", ["zigzag", "contiguous"])
+def test_triton_fused_pack_shard_matches_reference(mode, block, monkeypatch):
+    """The fused mode (seg_src: straight from the unpacked source) equals pack reference + split reference."""
+    from cp_fused_cases import check_reference, make_case
+    from packkit.context_parallel import fused
+
+    monkeypatch.setitem(tcp._CONFIG, "block", block)
+    monkeypatch.setattr(fused, "_cp_op", lambda backend: torch.ops.packkit.triton_cp_shard)
+    for seed in (0, 1, 2, 3, 5):  # padded + plan, split plan, flat row padding, flat, padded with extra rows
+        seqs, lengths, kw = make_case(seed)
+        for cp, rank in ((1, 0), (2, 1), (3, 2)):
+            out, info = packkit.pack_context_parallel(seqs, cp, rank, mode, return_info=True, **kw)
+            ref = check_reference(out, seqs, lengths, kw, cp, rank, mode)
+            assert info.src_index.tolist() == ref["src_index"].tolist()
+
+
+def test_triton_fused_inconsistent_seg_src_stays_in_bounds():
+    ids = torch.arange(10, dtype=torch.int64)
+    cu = torch.tensor([0, 7, 12], dtype=torch.int32)
+    seg_src = torch.tensor([6, 40], dtype=torch.int64)  # both past the 10-token source: padding, never a fault
+    got = torch.ops.packkit.triton_cp_shard(ids, ids, None, cu, torch.tensor([0, 8, 16], dtype=torch.int32), 2, 1,
+                                            True, 8, 0, -100, seg_src, 0, None)
+    assert got[0].numel() == 8 and bool((got[0][got[4] < 0] == 0).all())

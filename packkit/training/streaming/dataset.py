@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from ...context_parallel import cp_plan_multiple, parse_context_parallel, shard_context_parallel
+from ...context_parallel import cp_plan_multiple, parse_context_parallel
 from ...packing.fields import check_pad_values, check_policy
 from ...packing.multimodal import mrope_spec
 from ...packing.sequences import LAYOUTS
@@ -215,13 +215,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             progress = Progress(self._epoch, shard, num_shards)
             fresh = self._reader.stream(0, shard, num_shards, progress.epoch)
         self._progress = progress
-        if self.context_parallel is None:
-            yield from self._run(progress, fresh)
-        else:
-            cp_size, cp_rank, mode = self.context_parallel
-            for item in self._run(progress, fresh):
-                yield shard_context_parallel(item, cp_size, cp_rank, mode, pad_token_id=self.pad_token_id,
-                                             ignore_index=self.ignore_index)
+        yield from self._run(progress, fresh)  # with context_parallel=, items are the rank's shards (items.py)
         self._epoch = progress.epoch + 1
         self._progress = None
         self._last_stats = dict(progress.stats)

@@ -9,12 +9,15 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ...context_parallel import pack_context_parallel, shard_context_parallel
 from ...packing.sequences import pack_sequences
 from ...planning.planner import Plan
 
 
 def pack_rows(ds, rows: list, num_rows: Optional[int]) -> dict:
-    """``pack_sequences`` of ``rows`` (lists of pieces), one row per list."""
+    """``pack_sequences`` of ``rows`` (lists of pieces), one row per list; with ``context_parallel=`` the
+    rank's shard of it: straight from the pieces in one ``cp_shard`` launch (``pack_context_parallel``), or
+    packed then sharded when the pieces carry extra fields."""
     pieces = [p for row in rows for p in row]
     lengths = np.fromiter((len(p[2]) for p in pieces), np.int64, len(pieces))
     offsets = np.zeros(len(rows) + 1, np.int64)
@@ -26,14 +29,19 @@ def pack_rows(ds, rows: list, num_rows: Optional[int]) -> dict:
     padded = ds.layout == "padded"
     names = list(dict.fromkeys(k for p in pieces if p[4] for k in p[4]))
     fields = {k: [p[4].get(k) if p[4] else None for p in pieces] for k in names}
-    return pack_sequences(
-        ids, lengths, labels=labels,
-        plan=Plan.from_bins(lengths, np.split(np.arange(len(lengths)), offsets[1:-1]), ds.capacity,
-                            algorithm=ds.algorithm),
-        layout=ds.layout, num_rows=num_rows if padded else None, row_len=ds.capacity if padded else None,
-        pad_token_id=ds.pad_token_id, ignore_index=ds.ignore_index, mask_first_label=ds.mask_first_label,
-        position_ids_start=ds.position_ids_start, fields=fields, pad_values=ds.pad_values,
-        extra_fields=ds.extra_fields, mrope=ds.mrope)
+    args = dict(labels=labels, plan=Plan.from_bins(lengths, np.split(np.arange(len(lengths)), offsets[1:-1]),
+                                                  ds.capacity, algorithm=ds.algorithm),
+                layout=ds.layout, num_rows=num_rows if padded else None, row_len=ds.capacity if padded else None,
+                pad_token_id=ds.pad_token_id, ignore_index=ds.ignore_index, mask_first_label=ds.mask_first_label,
+                position_ids_start=ds.position_ids_start)
+    cp = ds.context_parallel
+    if cp is not None and not fields:
+        return pack_context_parallel(ids, *cp, lengths=lengths, **args)
+    batch = pack_sequences(ids, lengths, fields=fields, pad_values=ds.pad_values, extra_fields=ds.extra_fields,
+                           mrope=ds.mrope, **args)
+    if cp is None:
+        return batch
+    return shard_context_parallel(batch, *cp, pad_token_id=ds.pad_token_id, ignore_index=ds.ignore_index)
 
 def add_example_ids(ds, batch: dict, rows: list) -> dict:
     if ds.return_example_ids:
@@ -60,8 +68,9 @@ def items_of(ds, rows: list) -> list:
     """
     k = ds.rows_per_item or 1
     cap = ds.capacity
-    if ds.mrope is not None or any(p[4] for row in rows for p in row):
+    if ds.mrope is not None or ds.context_parallel is not None or any(p[4] for row in rows for p in row):
         # Extra fields (vision tensors, [4, B, L] positions): one pack per item, no slicing to get wrong.
+        # Context parallelism: one fused cp_shard launch per item, straight from its pieces.
         return [item_of(ds, rows[j * k:(j + 1) * k]) for j in range(len(rows) // k)]
     batch = pack_rows(ds, rows, None)
     piece_len = [[len(p[2]) for p in row] for row in rows]
