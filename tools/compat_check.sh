@@ -35,7 +35,7 @@ export PIP_NO_CACHE_DIR=1  # a cached copy of a CUDA torch is ~3 GB more on disk
 export TORCHINDUCTOR_CACHE_DIR=$ROOT/$WORK/inductor  # torch.compile's cache stays inside the clone too
 TAG=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 TESTS=(tests/test_plan_op.py tests/test_pack_ops.py tests/test_pack_out_ops.py tests/test_plan_safety.py
-       tests/test_context_parallel.py)
+       tests/test_context_parallel.py tests/test_cp_fused.py)  # cp_shard, fused mode included
 rm -rf "$WORK/run" "$WORK/logs" "$WORK/inductor" "$WORK/wheels" "$WORK/build-env"  # (the last two: older layouts)
 mkdir -p "$WORK/logs" "$WORK/run" "$WORK/dist" "$WORK/venvs"
 START=$SECONDS
