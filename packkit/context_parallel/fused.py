@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..packing.fields import check_pad_values, prepare_fields
-from ..packing.sequences import LAYOUTS, _backend_for, plan_layout, source_tokens
+from ..packing.sequences import _backend_for, check_layout, plan_layout, source_tokens
 from ..packing.tensors import host_tensor, to_device
 from .shard import (CPShardInfo, _check_cp, _cp_geometry, _cp_op, _host_layout, _shard_outputs,
                     _src_index_host)
@@ -95,8 +95,7 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
             which puts per-token outputs of all ranks back in the packed row's order.
     """
     _check_cp(cp_size, cp_rank, mode)
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
+    check_layout(layout)
     for name, value in (("pad_token_id", pad_token_id), ("ignore_index", ignore_index),
                         ("position_ids_start", position_ids_start), ("separator_id", separator_id)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):

@@ -58,6 +58,14 @@ def cp_plan_multiple(spec) -> Optional[int]:
     return 2 * spec[0] if spec is not None and spec[2] == "zigzag" and spec[0] > 1 else None
 
 
+def check_cp_capacity(multiple: Optional[int], capacity: Optional[int]) -> None:
+    """A loader's planned rows must hold whole zigzag-padded documents: ``capacity`` a multiple of
+    :func:`cp_plan_multiple`. Shared by PackingCollator, PackedIterableDataset and PackedBatchSampler."""
+    if multiple and capacity is not None and capacity % multiple:
+        raise ValueError(f"context_parallel zigzag pads documents to multiples of {multiple}; "
+                         f"capacity={capacity} must be a multiple of it")
+
+
 def cp_padded_lengths(lengths, cp_size: int, mode: str = "zigzag") -> np.ndarray:
     """Lengths after CP padding: zigzag rounds each segment up to a multiple of ``2 * cp_size``; contiguous
     pads only the row's end, so segment lengths are unchanged (see :func:`cp_row_len`)."""

@@ -18,10 +18,18 @@ from ..planning.planner import Plan, Segments, as_lengths, plan as make_plan
 from .ops import has_cuda_kernels
 from .buffers import PackBuffers
 from .fields import pack_fields, prepare_fields
+from .multimodal.mrope import check_mrope_start
 from .tensors import host_tensor, to_device
 
 LAYOUTS = ("flat", "padded")
 BACKENDS = ("auto", "cpu", "cuda", "triton")
+
+
+def check_layout(layout) -> None:
+    """Raise ValueError for a layout not in LAYOUTS: one check (and message) for pack_sequences, the fused
+    CP pack and the loaders that take ``layout=``."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
 
 
 class PackLayout(NamedTuple):
@@ -276,16 +284,14 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     labels are ``ignore_index`` and its ids ``pad_token_id``. ``seq_idx`` is each token's segment in
     ``cu_seq_lens`` order (int32), ``max_length_*`` is a host int from the plan.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
+    check_layout(layout)
     if out is not None and not isinstance(out, PackBuffers):
         raise TypeError(f"out must be a packkit.PackBuffers, got {type(out).__name__}")
     flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels)
     extra = None
     if fields or mrope is not None:
 
-        if mrope is not None and position_ids_start != 0:
-            raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start must be 0")
+        check_mrope_start(mrope, position_ids_start)
         extra = prepare_fields(fields, seq_lengths, flat_ids, extra_fields=extra_fields, pad_values=pad_values, mrope=mrope)
 
     segments, shape = plan_layout(seq_lengths, plan, capacity, algorithm, overlong, layout, row_len, num_rows)

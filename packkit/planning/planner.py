@@ -312,6 +312,16 @@ def _cost_model(cost: CostSpec):
                     f"or a callable mapping an int64 array of lengths to costs; got {cost!r}")
 
 
+def check_plan_choices(algorithm, overlong) -> None:
+    """Raise ValueError for an unknown ``algorithm`` or ``overlong`` policy. Shared by :func:`plan` and the
+    loaders that take these options (PackingCollator, PackedIterableDataset), so they refuse a bad value
+    at construction with the same message the planner would give."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
+    if overlong not in OVERLONG_POLICIES:
+        raise ValueError(f"unknown overlong policy {overlong!r}; allowed: {', '.join(OVERLONG_POLICIES)}")
+
+
 def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_size: int = 1,
          cost: CostSpec = "tokens", overlong: str = "error", pad_to_multiple_of: int | None = None) -> Plan:
     """Bin-pack sequence ``lengths`` into rows of ``capacity`` tokens.
@@ -345,10 +355,7 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
     array = as_lengths(lengths)
     capacity = _as_count(capacity, "capacity")
     dp_size = _as_count(dp_size, "dp_size")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
-    if overlong not in OVERLONG_POLICIES:
-        raise ValueError(f"unknown overlong policy {overlong!r}; allowed: {', '.join(OVERLONG_POLICIES)}")
+    check_plan_choices(algorithm, overlong)
     a, b, cost_fn = _cost_model(cost)
     m = 1 if pad_to_multiple_of is None else _as_count(pad_to_multiple_of, "pad_to_multiple_of")
     if m < 1:

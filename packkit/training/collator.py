@@ -15,11 +15,13 @@ import numpy as np
 import torch
 
 from ..context_parallel import cp_plan_multiple, pack_context_parallel, parse_context_parallel, shard_context_parallel
+from ..context_parallel.shard import check_cp_capacity
 from ..packing.buffers import PackBuffers
 from ..packing.fields import check_pad_values, check_policy, prepare_fields
 from ..packing.multimodal import mrope_spec
-from ..packing.sequences import LAYOUTS, flatten_sequences, pack_sequences
-from ..planning.planner import ALGORITHMS, OVERLONG_POLICIES, plan as make_plan
+from ..packing.multimodal.mrope import check_mrope_start
+from ..packing.sequences import check_layout, flatten_sequences, pack_sequences
+from ..planning.planner import check_plan_choices, plan as make_plan
 
 LABEL_MASK_KEYS = ("completion_mask", "assistant_masks")
 
@@ -87,12 +89,8 @@ class PackingCollator:
                  input_key: str = "input_ids", label_key: str = "labels", pad_values: Optional[dict] = None,
                  extra_fields: str = "error", mrope=None, reuse_buffers: bool = False, num_buffers: int = 2,
                  context_parallel=None):
-        if layout not in LAYOUTS:
-            raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
-        if overlong not in OVERLONG_POLICIES:
-            raise ValueError(f"unknown overlong policy {overlong!r}; allowed: {', '.join(OVERLONG_POLICIES)}")
+        check_layout(layout)
+        check_plan_choices(algorithm, overlong)
         for name, value in (("capacity", capacity), ("num_rows", num_rows), ("pad_to_multiple_of", pad_to_multiple_of)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
@@ -110,9 +108,7 @@ class PackingCollator:
         self.pad_values, self.extra_fields = check_pad_values(pad_values), check_policy(extra_fields)
         if mrope is not None:
             mrope = mrope_spec(mrope)
-            if position_ids_start != 0:
-                raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start "
-                                 "must be 0")
+        check_mrope_start(mrope, position_ids_start)
         self.mrope = mrope
         self.buffers = PackBuffers(num_buffers) if reuse_buffers else None
         self.context_parallel = parse_context_parallel(context_parallel)
@@ -120,9 +116,7 @@ class PackingCollator:
         if self.context_parallel is not None:
             if mrope is not None or return_block_mask:
                 raise ValueError("context_parallel= does not support mrope= or return_block_mask=True")
-            if self._cp_multiple and capacity is not None and capacity % self._cp_multiple:
-                raise ValueError(f"context_parallel zigzag pads documents to multiples of {self._cp_multiple}; "
-                                 f"capacity={capacity} must be a multiple of it")
+            check_cp_capacity(self._cp_multiple, capacity)
 
     # -- features -> flat host tensors ----------------------------------------------------------
     def _gather(self, features):

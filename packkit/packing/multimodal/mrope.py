@@ -57,6 +57,13 @@ def mrope_spec(config) -> MRopeSpec:
                      getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))
 
 
+def check_mrope_start(mrope, position_ids_start) -> None:
+    """mRoPE positions start at 0 like the model's ``get_rope_index``; one check for pack_sequences and the
+    loaders that take ``mrope=`` with ``position_ids_start=``."""
+    if mrope is not None and position_ids_start != 0:
+        raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start must be 0")
+
+
 def as_grids(value, name: str, index) -> np.ndarray:
     """``[k, 3]`` int64 grids (``None`` -> none)."""
     if value is None:

@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import Sampler
 
 from ...context_parallel import cp_plan_multiple, parse_context_parallel
+from ...context_parallel.shard import check_cp_capacity
 from ...planning.planner import ALGORITHMS, CostSpec, Plan, _cost_model, as_lengths
 from .args import cost_tag, int_arg
 from .epoch import EpochPlan, plan_epoch
@@ -96,9 +97,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         self.capacity = int_arg(capacity, "capacity")
         if self.capacity <= 0:
             raise ValueError(f"capacity must be a positive int, got {self.capacity}")
-        if self._cp_multiple and self.capacity % self._cp_multiple:
-            raise ValueError(f"context_parallel zigzag pads documents to multiples of {self._cp_multiple}; "
-                             f"capacity={self.capacity} must be a multiple of it")
+        check_cp_capacity(self._cp_multiple, self.capacity)
         self.rank, self.world_size = resolve_rank(rank, world_size, group)
         for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(value, (bool, np.bool_)):

@@ -13,10 +13,12 @@ import torch
 import torch.utils.data
 
 from ...context_parallel import cp_plan_multiple, parse_context_parallel
+from ...context_parallel.shard import check_cp_capacity
 from ...packing.fields import check_pad_values, check_policy
 from ...packing.multimodal import mrope_spec
-from ...packing.sequences import LAYOUTS
-from ...planning.planner import ALGORITHMS, OVERLONG_POLICIES, _as_count, plan as make_plan
+from ...packing.multimodal.mrope import check_mrope_start
+from ...packing.sequences import check_layout
+from ...planning.planner import _as_count, check_plan_choices, plan as make_plan
 from .examples import example_pieces
 from .items import item_of, items_of
 from .source import SourceReader, shard_of
@@ -87,12 +89,8 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         self._reader = SourceReader(source)
         self.capacity = _as_count(capacity, "capacity")
         self.buffer_size = _as_count(buffer_size, "buffer_size")
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
-        if overlong not in OVERLONG_POLICIES:
-            raise ValueError(f"unknown overlong policy {overlong!r}; allowed: {', '.join(OVERLONG_POLICIES)}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
+        check_plan_choices(algorithm, overlong)
+        check_layout(layout)
         self.algorithm, self.overlong, self.layout = algorithm, overlong, layout
         self.rows_per_item = None if rows_per_item is None else _as_count(rows_per_item, "rows_per_item")
         if (self.rows_per_item or 1) * self.capacity >= 2**31:
@@ -128,9 +126,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         self.pad_values, self.extra_fields = check_pad_values(pad_values), check_policy(extra_fields)
         if mrope is not None:
             mrope = mrope_spec(mrope)
-            if self.position_ids_start != 0:
-                raise ValueError("mrope= positions start at 0 (as the model's get_rope_index); position_ids_start "
-                                 "must be 0")
+        check_mrope_start(mrope, self.position_ids_start)
         self.mrope = mrope
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither (then torch.distributed decides)")
@@ -145,9 +141,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         if self.context_parallel is not None:
             if mrope is not None:
                 raise ValueError("context_parallel= does not support mrope=")
-            if self._cp_multiple and self.capacity % self._cp_multiple:
-                raise ValueError(f"context_parallel zigzag pads documents to multiples of {self._cp_multiple}; "
-                                 f"capacity={self.capacity} must be a multiple of it")
+            check_cp_capacity(self._cp_multiple, self.capacity)
         self._epoch = 0
         self._loaded: Optional[dict] = None  # a state to resume from at the next __iter__
         self._progress: Optional[Progress] = None  # the running (or last) pass
