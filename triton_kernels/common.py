@@ -7,6 +7,7 @@ import contextlib
 import struct
 import torch
 
+# The guarded triton import of the whole package: the op modules take triton/tl from here.
 try:
     import triton
     import triton.language as tl

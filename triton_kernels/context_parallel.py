@@ -16,17 +16,12 @@ from typing import Optional
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError as exc:  # pragma: no cover - exercised only without triton
-    raise ImportError("packkit.triton_kernels.context_parallel needs Triton (pip install 'packkit[triton]')") from exc
+from .common import _INT32_MAX, tl, triton  # the one guarded triton import (common.py), for every op family
 
 from torch.library import triton_op, wrap_triton
 
 __all__ = ["cp_shard"]
 
-_INT32_MAX = 2**31 - 1
 _CONFIG = {"block": 1024, "num_warps": 4}  # tests shrink block to cover many programs
 
 

@@ -6,13 +6,7 @@ from __future__ import annotations
 from typing import Optional
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError as exc:  # pragma: no cover - exercised only without triton
-    raise ImportError(
-        "packkit.triton_kernels needs Triton (pip install 'packkit[triton]', or triton>=3.3)"
-    ) from exc
+from .common import tl, triton  # the one guarded triton import (common.py), for every op family
 
 from torch.library import triton_op, wrap_triton
 
