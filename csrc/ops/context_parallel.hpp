@@ -23,6 +23,9 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <tuple>
+
+#include <torch/csrc/stable/ops.h>
 
 #include "pack_checks.hpp"
 
@@ -131,6 +134,32 @@ inline void check_cp_shard_args(const Tensor& input_ids, const Tensor& labels,
     STD_TORCH_CHECK((*t)->is_contiguous(), "packkit::cp_shard: inputs must be contiguous");
   }
   STD_TORCH_CHECK(input_ids.is_contiguous(), "packkit::cp_shard: inputs must be contiguous");
+}
+
+// The op's six outputs, allocated and returned alike by the CPU and CUDA ops: ids and the two label
+// tensors keep their inputs' dtypes, positions and the source index are int64, the segment int32.
+struct CpShardOutputs {
+  Tensor ids, split, labels, pos, src, seg;
+  CpShardOutputs(const Tensor& input_ids, const Tensor& label_src, int64_t out_len)
+      : ids(torch::stable::new_empty(input_ids, {out_len})),
+        split(torch::stable::new_empty(label_src, {out_len})),
+        labels(torch::stable::new_empty(label_src, {out_len})),
+        pos(torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long)),
+        src(torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long)),
+        seg(torch::stable::new_empty(input_ids, {out_len}, ScalarType::Int)) {}
+  std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> tuple() const { return {ids, split, labels, pos, src, seg}; }
+};
+
+// Calls f(Id{}, Label{}) with the element types of input_ids and labels (each int64 or int32, as checked
+// by check_cp_shard_args): the one dtype switch of the CPU loop and the CUDA launch.
+template <typename F>
+void dispatch_cp_shard_types(const Tensor& input_ids, const Tensor& labels, F&& f) {
+  const bool id64 = input_ids.scalar_type() == ScalarType::Long;
+  const bool lab64 = labels.scalar_type() == ScalarType::Long;
+  if (id64 && lab64) f(int64_t{}, int64_t{});
+  else if (id64) f(int64_t{}, int32_t{});
+  else if (lab64) f(int32_t{}, int64_t{});
+  else f(int32_t{}, int32_t{});
 }
 
 }  // namespace packkit::ops

@@ -137,28 +137,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
     STD_TORCH_CHECK(out_len * cp_size >= num_tokens, "packkit::cp_shard: out_len * cp_size must cover the row's ",
                     num_tokens, " tokens, got ", out_len, " * ", cp_size);
   }
-  Tensor ids = torch::stable::new_empty(input_ids, {out_len});
-  Tensor split = torch::stable::new_empty(labels, {out_len});
-  Tensor lab = torch::stable::new_empty(labels, {out_len});
-  Tensor pos = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long);
-  Tensor src = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long);
-  Tensor seg = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Int);
+  const CpShardOutputs out(input_ids, labels, out_len);
   const int64_t* p = position_ids ? position_ids->const_data_ptr<int64_t>() : nullptr;
-  auto run = [&](auto id_tag, auto label_tag) {
+  dispatch_cp_shard_types(input_ids, labels, [&](auto id_tag, auto label_tag) {
     using Id = decltype(id_tag);
     using Label = decltype(label_tag);
     shard_loop<Id, Label>(input_ids.const_data_ptr<Id>(), labels.const_data_ptr<Label>(), p, cu, cup, num_segments,
                           num_tokens, cp_size, cp_rank, zigzag, out_len, pad_id, ignore_index, from, position_start,
-                          first_label, ids.mutable_data_ptr<Id>(), split.mutable_data_ptr<Label>(), lab.mutable_data_ptr<Label>(), pos.mutable_data_ptr<int64_t>(),
-                          src.mutable_data_ptr<int64_t>(), seg.mutable_data_ptr<int32_t>());
-  };
-  const bool id64 = input_ids.scalar_type() == ScalarType::Long;
-  const bool lab64 = labels.scalar_type() == ScalarType::Long;
-  if (id64 && lab64) run(int64_t{}, int64_t{});
-  else if (id64) run(int64_t{}, int32_t{});
-  else if (lab64) run(int32_t{}, int64_t{});
-  else run(int32_t{}, int32_t{});
-  return {ids, split, lab, pos, src, seg};
+                          first_label, out.ids.mutable_data_ptr<Id>(), out.split.mutable_data_ptr<Label>(),
+                          out.labels.mutable_data_ptr<Label>(), out.pos.mutable_data_ptr<int64_t>(),
+                          out.src.mutable_data_ptr<int64_t>(), out.seg.mutable_data_ptr<int32_t>());
+  });
+  return out.tuple();
 }
 
 }  // namespace packkit::ops

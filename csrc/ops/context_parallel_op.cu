@@ -101,18 +101,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cuda(
   check_cp_shard_args(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_size, cp_rank, out_len,
                       seg_src, first_label);
   STD_TORCH_CHECK(input_ids.is_cuda(), "packkit::cp_shard: inputs must be CUDA tensors here");
-  Tensor ids = torch::stable::new_empty(input_ids, {out_len});
-  Tensor split = torch::stable::new_empty(labels, {out_len});
-  Tensor lab = torch::stable::new_empty(labels, {out_len});
-  Tensor pos = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long);
-  Tensor src = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Long);
-  Tensor seg = torch::stable::new_empty(input_ids, {out_len}, ScalarType::Int);
-  if (out_len == 0) return {ids, split, lab, pos, src, seg};
+  const CpShardOutputs out(input_ids, labels, out_len);
+  if (out_len == 0) return out.tuple();
   const int64_t num_segments = cu_seqlens.numel() - 1;
   const int64_t num_tokens = input_ids.numel();
   const int64_t blocks = std::min<int64_t>((out_len + kCpThreads - 1) / kCpThreads, 65535);
   cudaStream_t stream = cp_stream(input_ids);
-  auto launch = [&](auto id_tag, auto label_tag) {
+  dispatch_cp_shard_types(input_ids, labels, [&](auto id_tag, auto label_tag) {
     using Id = decltype(id_tag);
     using Label = decltype(label_tag);
     cp_shard_kernel<Id, Label><<<static_cast<unsigned>(blocks), kCpThreads, 0, stream>>>(
@@ -120,19 +115,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cuda(
         position_ids ? position_ids->const_data_ptr<int64_t>() : nullptr, cu_seqlens.const_data_ptr<int32_t>(),
         cu_seqlens_padded.const_data_ptr<int32_t>(), num_segments, num_tokens, cp_size, cp_rank, zigzag, out_len,
         pad_id, ignore_index, seg_src ? seg_src->const_data_ptr<int64_t>() : nullptr, input_ids.numel(),
-        position_start, first_label.has_value(), first_label.value_or(0), ids.mutable_data_ptr<Id>(),
-        split.mutable_data_ptr<Label>(), lab.mutable_data_ptr<Label>(), pos.mutable_data_ptr<int64_t>(), src.mutable_data_ptr<int64_t>(),
-        seg.mutable_data_ptr<int32_t>());
-  };
-  const bool id64 = input_ids.scalar_type() == ScalarType::Long;
-  const bool lab64 = labels.scalar_type() == ScalarType::Long;
-  if (id64 && lab64) launch(int64_t{}, int64_t{});
-  else if (id64) launch(int64_t{}, int32_t{});
-  else if (lab64) launch(int32_t{}, int64_t{});
-  else launch(int32_t{}, int32_t{});
+        position_start, first_label.has_value(), first_label.value_or(0), out.ids.mutable_data_ptr<Id>(),
+        out.split.mutable_data_ptr<Label>(), out.labels.mutable_data_ptr<Label>(), out.pos.mutable_data_ptr<int64_t>(),
+        out.src.mutable_data_ptr<int64_t>(), out.seg.mutable_data_ptr<int32_t>());
+  });
   const cudaError_t err = cudaGetLastError();
   STD_TORCH_CHECK(err == cudaSuccess, "packkit::cp_shard: CUDA launch failed: ", cudaGetErrorString(err));
-  return {ids, split, lab, pos, src, seg};
+  return out.tuple();
 }
 
 }  // namespace packkit::ops
