@@ -26,6 +26,16 @@ BACKENDS = ["cpu", pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
 MODES = ("zigzag", "contiguous")
 
 
+def _assert_same_batch(want: dict, got: dict) -> None:
+    """Same keys, and every value equal (tensors: same dtype, bit for bit)."""
+    assert want.keys() == got.keys()
+    for key, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert value.dtype == got[key].dtype and torch.equal(value, got[key]), key
+        else:
+            assert value == got[key], key
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", MODES)
 def test_fused_matches_the_reference_bit_for_bit(backend, mode):
@@ -63,12 +73,7 @@ def test_property_fused_equals_pack_then_shard_and_unshards(lengths, cp, mode, l
     for rank in range(cp):
         want = shard_context_parallel(batch, cp, rank, mode, pack_info=pinfo)
         got, info = pack_context_parallel(seqs, cp, rank, mode, separator_id=separator, return_info=True, **kw)
-        assert want.keys() == got.keys()
-        for key, value in want.items():
-            if isinstance(value, torch.Tensor):
-                assert value.dtype == got[key].dtype and torch.equal(value, got[key]), key
-            else:
-                assert value == got[key], key
+        _assert_same_batch(want, got)
         shards.append((got, info))
     for key in ("input_ids", "labels"):
         back = packkit.unshard_context_parallel([out[key] for out, _ in shards], shards[0][1])
@@ -188,12 +193,7 @@ def test_collator_fused_output_unchanged_and_one_op_call(mode, layout, monkeypat
                     m.setattr(collator_module.PackingCollator, "_cp_token_fields", lambda *a: None)
                     with _CountOps() as old_ops:
                         want = col(feats)
-                assert want.keys() == got.keys()
-                for key, value in want.items():
-                    if isinstance(value, torch.Tensor):
-                        assert value.dtype == got[key].dtype and torch.equal(value, got[key]), key
-                    else:
-                        assert value == got[key], key
+                _assert_same_batch(want, got)
                 packkit_calls = [c for c in fused_ops.calls if c.startswith("packkit.")]
                 assert packkit_calls == ["packkit.cp_shard"], packkit_calls
                 assert len([c for c in old_ops.calls if c.startswith("packkit.")]) >= 3  # pack_batch, layout, ...

@@ -5,46 +5,16 @@ rel 1e-10 for zigzag and contiguous shards; a control that shifts labels after t
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from dist_helpers import run_gloo_workers
 
 pytest.importorskip("transformers")
 
-HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def _run(world: int, out: Path, timeout: float = 240.0):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    if sys.platform.startswith("linux"):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    init = f"tcp://127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen([sys.executable, str(HERE / "cp_dist_worker.py"), str(r), str(world), init, str(out)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    deadline = time.monotonic() + timeout
-    logs, codes = [], []
-    for p in procs:
-        try:
-            stdout, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            stdout, _ = p.communicate()
-            stdout = (stdout or "") + "\n[timed out]"
-        logs.append(stdout or "")
-        codes.append(p.returncode)
-    return codes, logs
+    return run_gloo_workers("cp_dist_worker.py", world, out, timeout)
 
 
 def test_cp_loss_and_gradients_equal_unpacked_run(tmp_path):

@@ -3,12 +3,7 @@ arguments, DataLoader + PackingCollator, and a 2-process torch.distributed (gloo
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +15,7 @@ from hypothesis import strategies as st
 import packkit
 from packkit.training.sampler import PackedBatchSampler
 
-HERE = Path(__file__).resolve().parent
+from dist_helpers import run_gloo_workers
 
 
 def lognormal(n: int, seed: int = 1, cap: int = 8192) -> np.ndarray:
@@ -393,38 +388,8 @@ def test_property_exactly_once_equal_steps(case, world_size, overlong, shuffle, 
 
 
 # -- torch.distributed, gloo, 2 processes -----------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_workers(out: Path, world_size: int = 2, timeout: float = 120.0) -> tuple[list[int], list[str]]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    if sys.platform.startswith("linux"):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # containers without a resolvable hostname
-    init = f"tcp://127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen([sys.executable, str(HERE / "sampler_dist_worker.py"), str(r), str(world_size), init,
-                               str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world_size)]
-    deadline = time.monotonic() + timeout
-    logs, codes = [], []
-    try:
-        for p in procs:
-            try:
-                stdout, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                stdout, _ = p.communicate()
-                stdout = (stdout or "") + "\n[timed out]"
-            logs.append(stdout or "")
-            codes.append(p.returncode)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return codes, logs
+    return run_gloo_workers("sampler_dist_worker.py", world_size, out, timeout)
 
 
 def test_gloo_two_processes(tmp_path):
