@@ -1,15 +1,47 @@
-"""What every benchmark script records: the machine it ran on, and where its JSON goes."""
+"""What every benchmark script records: the machine it ran on, where its JSON goes, and (GPU scripts) how many
+host syncs a call makes."""
 from __future__ import annotations
 
 import datetime
 import json
 import os
 import platform
+import gc
 import re
+import statistics
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import torch
+
+
+def timed(fn, repeats: int):
+    """(median seconds, every repeat's seconds, the last call's result) of ``fn()``, ``gc.collect()`` before each
+    repeat; the one timing loop of bench_pack and bench_plan."""
+    times, result = [], None
+    for _ in range(repeats):
+        result = None
+        gc.collect()
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times, result
+
+
+def count_sync_warnings(fn) -> int:
+    """Synchronising CUDA calls made by ``fn()`` (torch's sync debug mode 'warn', restored after); one
+    counter for bench_pack_gpu and bench_rl."""
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def machine_info(**extra) -> dict:

@@ -48,20 +48,9 @@ import numpy as np
 import torch
 
 import packkit
-from _results import machine_info, results_name, write_results
+from _results import machine_info, results_name, timed, write_results
 
 CAPACITY = 4096
-
-
-def timed(fn, repeats: int):
-    times, result = [], None
-    for _ in range(repeats):
-        result = None
-        gc.collect()
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), times, result
 
 
 def make_workload(n: int, seed: int = 0):

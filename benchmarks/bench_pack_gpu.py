@@ -71,7 +71,6 @@ import statistics
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 # --cpu runs the Triton kernels under the interpreter, which must be chosen before triton is imported.
@@ -83,7 +82,7 @@ import torch
 import torch.nn.functional as F
 
 import packkit
-from _results import device_slug, machine_info, write_results
+from _results import count_sync_warnings, device_slug, machine_info, write_results
 
 LENGTHS = (16, 1024)
 PAD_ID, IGNORE = 0, -100
@@ -180,16 +179,9 @@ def count_syncs(fn, device: torch.device):
     if device.type != "cuda":
         return None
     synchronize(device)
-    previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
+    syncs = count_sync_warnings(fn)
     synchronize(device)
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return syncs
 
 
 class Rotating:

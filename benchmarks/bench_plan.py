@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -104,14 +101,8 @@ def make_inputs(quick: bool) -> list[dict]:
 
 def median_ms(fn, repeats: int):
     """Median wall time of ``fn()`` in ms, and the last call's result."""
-    times, out = [], None
-    for _ in range(repeats):
-        out = None
-        gc.collect()
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3, out
+    median, _, out = _results.timed(fn, repeats)
+    return median * 1e3, out
 
 
 def _materialise(p):

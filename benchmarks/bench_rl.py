@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine_info, results_name, write_results  # noqa: E402
+from _results import count_sync_warnings, machine_info, results_name, write_results  # noqa: E402
 
 import packkit  # noqa: E402
 from packkit import rl  # noqa: E402
@@ -180,7 +180,7 @@ def gpu_rows(quick):
     for name, fn in (("packkit pack_rollouts", ours), ("unpad_input-style torch", torch_gather)):
         fn()
         torch.cuda.synchronize()
-        syncs = _count_syncs(fn)
+        syncs = count_sync_warnings(fn)
         reps = 3 if quick else 20
         t0 = time.perf_counter()
         for _ in range(reps):
@@ -190,19 +190,6 @@ def gpu_rows(quick):
         out.append({"method": name, "us_per_micro_batch": round(us, 1), "host_syncs_per_micro_batch":
                     syncs / len(parts), "micro_batches": len(parts), "rollouts": B})
     return out
-
-
-def _count_syncs(fn):
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def main():
