@@ -154,8 +154,9 @@ Tensor contiguous_cpu(const Tensor& t, const char* op, const char* name) {
 }
 
 // Output segments in the order their sources lie in src (a counting sort by sequence; padding first), or
-// an empty vector where plan order is kept: small inputs (in cache anyway; the sort would cost more than
-// it saves) and plans over a small subset of many sequences (the count array would dwarf the work).
+// an empty vector where plan order is kept: inputs under 1M elements (the threshold at which pack goes
+// multi-threaded; below it, e.g. a 32K-token training batch, the op stays exactly as it was) and plans over
+// a small subset of many sequences (the count array would dwarf the work).
 std::vector<int64_t> source_order(const int64_t* seg_seq, const int32_t* cu_seg, int64_t num_cu_segments,
                                   int64_t num_sources, int64_t total_elements) {
   constexpr int64_t kMinElements = int64_t{1} << 20;
@@ -192,8 +193,9 @@ void pack_records(const uint8_t* src, const int64_t* src_offsets, int64_t num_so
   };
   // A plan reorders sequences, so in plan order each segment reads from a random place in src: a cache
   // and, on 4 KiB pages, a TLB miss that the load waits for. In source order the reads stream and the
-  // scattered side is the writes, which the store buffer absorbs far better: int32 tokens 0.47 -> 0.65 of
-  // a plain copy, fp32 [tokens, 8] 0.81 -> 0.89 on a 2-core EPYC VM (benchmarks/pack_cpu_notes.md).
+  // scattered side is the writes, which the store buffer absorbs far better: int32 tokens 0.47 -> 0.63 of
+  // a plain copy, fp32 [tokens, 8] 0.76 -> 0.93 on a 2-core EPYC VM; a tie where src is already on huge
+  // pages (benchmarks/pack_cpu_notes.md).
   const std::vector<int64_t> order = source_order(seg_seq, cu_seg, num_cu_segments, num_sources, total_elements);
   if (!order.empty()) {
     torch::stable::parallel_for(0, num_cu_segments, grain, [&](int64_t begin, int64_t end) {
