@@ -25,7 +25,9 @@ Every system gets its input in its natural form, built before timing:
     ``fresh_over_reused``.
   * per dtype (issue 22): ``torch.ops.packkit.pack`` of int32 and int64 tokens and of bf16 and fp32
     features ([tokens, 8], from the first 25k sequences: the same bytes as the token rows), each as a
-    fraction of a plain ``copy_`` of the same bytes (copy time / pack time), timed alternately: into
+    fraction of a plain ``copy_`` of the same bytes (copy time / pack time; every source a torch allocation,
+    plus int64 straight from the numpy-backed workload tensor, whose memory numpy advises onto huge pages),
+    timed alternately: into
     reused outputs (``pack_out`` vs ``copy_`` into a warm tensor: the kernel against memory bandwidth)
     and into fresh ones (``pack`` vs ``torch.empty_like(..).copy_``: page faults included); plus the first
     and second ``pack`` of each dtype in a fresh process (the first pays for memory the process never
@@ -202,7 +204,11 @@ FEATURES = 8  # feature rows: [tokens, 8] bf16 / fp32, from the first quarter of
 def dtype_case(name: str, lengths: np.ndarray, flat: torch.Tensor, algorithm: str = "obfd"):
     """Source tensor and pack arguments (one flat row, as pack_dataset packs) for one dtype."""
     if name in ("int32", "int64"):
-        src = flat.to(getattr(torch, name))
+        # A copy, as for every other dtype: flat itself wraps a numpy array, which numpy backs with huge
+        # pages, and the page size of the source decides which read order is fastest (pack_cpu_notes.md).
+        src = flat.to(getattr(torch, name), copy=True)
+    elif name == "int64 numpy":  # the workload tensor itself: numpy memory (huge-page advised by numpy)
+        src = flat
     else:  # features of the first quarter of the sequences: the token rows' bytes again
         lengths = lengths[: len(lengths) // 4]
         src = torch.randn(int(lengths.sum()), FEATURES).to(torch.bfloat16 if name == "bf16 x8" else torch.float32)
@@ -215,7 +221,7 @@ def dtype_case(name: str, lengths: np.ndarray, flat: torch.Tensor, algorithm: st
     return src, args, int(cu[-1])
 
 
-DTYPES = ("int32", "int64", "bf16 x8", "fp32 x8")
+DTYPES = ("int32", "int64", "bf16 x8", "fp32 x8", "int64 numpy")
 # Controls: the same tokens planned with next fit, whose segments read the source in order. What the
 # obfd rows lose against these is the cost of gathering from random places, not of the dtype.
 CONTROLS = ("int32", "int64")

@@ -362,3 +362,32 @@ def test_compile_reduce_overhead_replays(backend):
         ref = reference_pack_batch(ids.cpu(), None, case.src_offsets.cpu(), *[t.cpu() for t in case.plan_tensors],
                                    case.num_rows, case.row_len, False, 0, -100, True, 0)
         assert all(same_bits(g, r) for g, r in zip(got, ref))
+
+
+@pytest.mark.parametrize("dtype,feature,zeros", [(torch.int32, (), 0), (torch.float32, (3,), 0),
+                                                 (torch.int64, (), 40_000)])
+def test_large_cpu_pack_source_order_matches_reference(dtype, feature, zeros):
+    """Inputs of >= 1M elements take the CPU op's source-order path (segments copied in the order they lie
+    in src, split over torch's threads); with many empty sequences (zeros) the plan-order fallback. Both
+    must equal the reference bit for bit, padding rows and the masked first label included."""
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 1200, 2400).astype(np.int64)
+    lengths = np.concatenate((lengths, np.zeros(zeros, np.int64)))
+    rng.shuffle(lengths)
+    plan = packkit.plan(lengths, 4096, algorithm="obfd", overlong="split")
+    layout = packkit.pack_layout(plan.segments, flat=False, row_len=4096, num_rows=plan.num_bins + 2)
+    src = random_source(rng, int(lengths.sum()), dtype, feature)
+    assert src.numel() >= 1 << 20
+    offsets = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))).astype(np.int64))
+    segs = [torch.from_numpy(np.array(a)) for a in plan.segments]
+    cu, cu_seg = reference_layout(segs[2], segs[3], layout.num_rows, 4096, False)
+    poison_allocator("cpu", 64 << 20)
+    out = OPS.pack(src, offsets, segs[0], segs[1], cu, cu_seg, layout.num_rows, 4096, False, 3.0, -100.0)
+    ref = reference_pack(src, offsets, segs[0], segs[1], cu, cu_seg, layout.num_rows, 4096, False, 3.0, -100.0)
+    assert same_bits(out, ref)
+    if dtype != torch.float32:
+        got = OPS.pack_batch(src, None, offsets, *segs, layout.num_rows, 4096, False, layout.num_cu_seqlens, 5, -100,
+                             True, 0)
+        want = reference_pack_batch(src, None, offsets, *segs, layout.num_rows, 4096, False, 5, -100, True, 0)
+        for name, g, r in zip(("input_ids", "labels", "position_ids", "seq_idx", "cu_seqlens"), got, want):
+            assert same_bits(g, r), name
