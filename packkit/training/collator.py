@@ -261,8 +261,8 @@ class PackingCollator:
 
 def _num_items(labels: torch.Tensor, lengths, plan, first_label, ignore_index: int, device) -> torch.Tensor:
     """Labels of the whole packed batch that count in the loss (``labels.ne(ignore_index).sum()`` of the packed
-    batch, as a 0-d int64 tensor on ``device``), from the unpacked labels and the plan: no packed batch needed.
-    Host labels are counted with numpy (no device work); device ones with a few tensor ops (no host sync)."""
+    batch, as a 0-d int64 tensor on ``device``), from the unpacked labels and the plan: no packed batch needed,
+    no host sync (the segment bounds are host ints)."""
     lengths = np.asarray(lengths, np.int64)
     if plan is None:
         seq = np.flatnonzero(lengths > 0)
@@ -270,12 +270,6 @@ def _num_items(labels: torch.Tensor, lengths, plan, first_label, ignore_index: i
     else:
         seq, start, length = plan.segments.seq_index, plan.segments.start, plan.segments.length
     begin = np.concatenate(([0], np.cumsum(lengths)))[seq] + start
-    if labels.device.type == "cpu":
-        counts = np.concatenate(([0], np.cumsum(labels.numpy() != ignore_index)))
-        total = int((counts[begin + length] - counts[begin]).sum())
-        if first_label is not None and len(begin):
-            total += len(begin) * int(first_label != ignore_index) - int((labels.numpy()[begin] != ignore_index).sum())
-        return torch.tensor(total, dtype=torch.int64).to(device)
     counts = torch.cat((labels.new_zeros(1, dtype=torch.int64), labels.ne(ignore_index).cumsum(0)))
     index = torch.from_numpy(begin).to(labels.device, non_blocking=True)
     ends = torch.from_numpy(begin + length).to(labels.device, non_blocking=True)
