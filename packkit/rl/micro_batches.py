@@ -20,8 +20,13 @@ import torch
 
 from .. import _planner
 from ..planning.planner import as_lengths, plan as make_plan
+from .local_search import refine_across_steps
 
 CostLike = Union[str, tuple, Callable, object]
+# Most micro-batches (over all ranks) one call lays out: each is a numpy index array (about 100 bytes empty),
+# so dp_size=10**9 would need ~100 GB before any sequence is placed. 2**20 is far beyond any real step
+# (16,384 ranks x 64 micro-batches).
+MAX_MICRO_BATCHES = 1 << 20
 
 
 class MicroBatches:
@@ -212,13 +217,21 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
 
     def rounded(k):
         k = max(k, minimum, 1)
-        return -(-k // divisor) * divisor
+        k = -(-k // divisor) * divisor
+        if k * dp_size > MAX_MICRO_BATCHES:  # every micro-batch is an index array: bound the output, not the RAM
+            raise ValueError(f"dp_size={dp_size} ranks x {k} micro-batches each = {k * dp_size:,} micro-batches, more "
+                             f"than the {MAX_MICRO_BATCHES:,} micro_batches lays out (check dp_size, "
+                             f"min_micro_batches={min_micro_batches}, divisible_by={divisible_by})")
+        return k
 
     # The C++ layout at the lower bound K, else at K + 1; the older numpy / ogbfd layouts below only if neither fits.
     k = rounded(-(-token_bound // dp_size))
     for attempt in (k, rounded(k + 1)):
         made = _cpp_layout(lengths, costs, max_tokens, dp_size, attempt, equal_count, token_bound)
         if made is not None:
+            if refine_across_steps(made.indices, lengths, costs, max_tokens, swaps_only=equal_count):
+                _refine_steps(made.indices, lengths, costs, max_tokens, moves=not equal_count)
+                made = MicroBatches(made.indices, lengths, costs, max_tokens, dp_size, token_bound, "cpp")
             return made
     order = np.lexsort((np.arange(n), -lengths, -costs))  # costliest first, ties by length then index
     if not equal_count and spec is None:  # per-item costs: no cost model for the planner
