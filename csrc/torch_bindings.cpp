@@ -99,6 +99,20 @@ STABLE_TORCH_LIBRARY(packkit, m) {
       "Tensor? seg_src=None, int position_start=0, int? first_label=None) -> "
       "(Tensor input_ids, Tensor labels, Tensor shift_labels, Tensor position_ids, Tensor src_index, Tensor seg_idx)");
   // --- end context parallelism --------------------------------------------------------------------
+
+  // --- Shared-prefix (tree) packing (issue 30; tree_pack_op.cpp / .cu, Triton: triton_tree_pack) ------------
+  // A packed prefix forest in one pass (semantics: tests/tree_pack_reference.py, index math: tree_pack.hpp).
+  // input_ids / labels: the flat source. Nodes (int64 [M]): node_src (first source token), node_dst (flat output
+  // offset), node_len, node_pos (position id of the first token: the ancestors' tokens), node_end (row-relative
+  // end of the node's subtree); row_offsets int64 [num_rows + 1] (CSR: each row's nodes, back to back from its
+  // start). Returns [num_rows, row_len] input_ids (pad_id on padding), labels (input_ids if None; ignore_index on
+  // padding), position_ids int64 (node_pos + offset; a padding tail counts from 0), node_idx int32 (-1 on
+  // padding), subtree_end int32 (query q sees key k iff k <= q < subtree_end[k]; row_len on padding) and
+  // cu_seqlens int32 [M + num_rows + 1] (every node, then each row's padding tail). Sizes come from the host.
+  m.def(
+      "tree_pack(Tensor input_ids, Tensor? labels, Tensor node_src, Tensor node_dst, Tensor node_len, Tensor node_pos, "
+      "Tensor node_end, Tensor row_offsets, SymInt num_rows, SymInt row_len, int pad_id=0, int ignore_index=-100) -> "
+      "(Tensor input_ids, Tensor labels, Tensor position_ids, Tensor node_idx, Tensor subtree_end, Tensor cu_seqlens)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(packkit, CPU, m) {
@@ -114,4 +128,5 @@ STABLE_TORCH_LIBRARY_IMPL(packkit, CPU, m) {
   m.impl("unpack_out", TORCH_BOX(&packkit::ops::unpack_out_cpu));
   m.impl("unpack_padded_out", TORCH_BOX(&packkit::ops::unpack_padded_out_cpu));
   m.impl("cp_shard", TORCH_BOX(&packkit::ops::cp_shard_cpu));  // context parallelism
+  m.impl("tree_pack", TORCH_BOX(&packkit::ops::tree_pack_cpu));  // shared-prefix packing
 }

@@ -61,3 +61,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
     int64_t ignore_index, const std::optional<Tensor>& seg_src, int64_t position_start,
     std::optional<int64_t> first_label);
 }  // namespace packkit::ops
+
+// --- Shared-prefix (tree) packing (tree_pack_op.cpp / .cu; semantics in tests/tree_pack_reference.py) ---
+namespace packkit::ops {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> tree_pack_cpu(
+    const Tensor& input_ids, const std::optional<Tensor>& labels, const Tensor& node_src, const Tensor& node_dst,
+    const Tensor& node_len, const Tensor& node_pos, const Tensor& node_end, const Tensor& row_offsets,
+    int64_t num_rows, int64_t row_len, int64_t pad_id, int64_t ignore_index);
+}  // namespace packkit::ops

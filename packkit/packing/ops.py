@@ -87,3 +87,15 @@ def _cp_shard_fake(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padde
     return (input_ids.new_empty((out_len,)), labels.new_empty((out_len,)), labels.new_empty((out_len,)),
             input_ids.new_empty((out_len,), dtype=torch.int64), input_ids.new_empty((out_len,), dtype=torch.int64),
             input_ids.new_empty((out_len,), dtype=torch.int32))
+
+
+# --- Shared-prefix (tree) packing (packkit.shared_prefix): sizes from host ints and the node count -----------
+@torch.library.register_fake("packkit::tree_pack")
+def _tree_pack_fake(input_ids, labels, node_src, node_dst, node_len, node_pos, node_end, row_offsets, num_rows,
+                    row_len, pad_id=0, ignore_index=-100):
+    torch._check(num_rows >= 0 and row_len >= 0, lambda: "packkit::tree_pack: num_rows and row_len must be >= 0")
+    shape = (num_rows, row_len)
+    label_src = input_ids if labels is None else labels
+    return (input_ids.new_empty(shape), label_src.new_empty(shape), input_ids.new_empty(shape, dtype=torch.int64),
+            input_ids.new_empty(shape, dtype=torch.int32), input_ids.new_empty(shape, dtype=torch.int32),
+            input_ids.new_empty((node_src.shape[0] + num_rows + 1,), dtype=torch.int32))

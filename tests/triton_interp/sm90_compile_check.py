@@ -104,6 +104,15 @@ def main() -> int:
                 CP.cp_shard(torch.zeros(11, dtype=ids_dtype), torch.zeros(11, dtype=lab_dtype), None, cp_cu,
                             cp_cup if zigzag else cp_cu, 2, 1, zigzag, 6 if zigzag else 5, 0, -100,
                             torch.tensor([2, -1], **i64), 1, first)
+    # The shared-prefix kernel (triton_kernels/tree_pack.py): int64/int32 ids, labels or not.
+    from packkit.triton_kernels import tree_pack as TP
+
+    TP.wrap_triton = _Compiler
+    TP._interpreting = lambda: True
+    nodes = [torch.tensor(v, **i64) for v in ([0, 3], [0, 8], [3, 4], [0, 0], [3, 4])]
+    for ids_dtype, lab_dtype in ((torch.int64, None), (torch.int32, torch.int64)):
+        labels = None if lab_dtype is None else torch.zeros(9, dtype=lab_dtype)
+        TP.tree_pack(torch.zeros(9, dtype=ids_dtype), labels, *nodes, torch.tensor([0, 1, 2], **i64), 2, 8)
     print(f"COMPILED {len(_seen)}")
     trace_checks()
     return 0
