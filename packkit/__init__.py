@@ -14,6 +14,7 @@ from .training import (PackedBatchSampler, PackedIterableDataset, PackingCollato
                        register_varlen_attention, varlen_attention_forward)
 from .datasets import PackedRowsCollator, PackReport, pack_dataset  # datasets/pyarrow/ray load on first call
 from . import rl  # RL rollouts: micro_batches, pack_rollouts (verl drop-in: packkit.integrations.verl)
+from . import shared_prefix  # GRPO groups, DPO pairs, multi-turn trees: each shared prefix forwarded once
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_sequences", "unpack_sequences", "pack_on_device",
            "pack_layout", "check_plan", "PLAN_ERRORS", "PackLayout", "PackInfo", "LAYOUTS",

@@ -1,0 +1,56 @@
+"""verl GRPO with shared prefixes: the actor's and the reference's log-prob passes forward each prompt once.
+
+verl's ``DataParallelPPOActor._forward_micro_batch(micro_batch, temperature)`` returns ``(entropy, log_probs)``
+in the response layout ``[b, response_length]``. :func:`shared_prefix_log_probs` returns the same from a
+shared-prefix forward: rows with the same ``uid`` (one prompt, G responses) are packed as one tree by
+:func:`packkit.shared_prefix.pack_rollout_groups`, the model runs with packkit's shared-prefix attention, and the
+per-token results come back in verl's layout (zeros past each response), differentiable for the actor loss::
+
+    from packkit.integrations.verl_shared_prefix import shared_prefix_log_probs
+    entropy, log_probs = shared_prefix_log_probs(actor_module, micro_batch, uids, temperature=temperature,
+                                                 calculate_entropy=True)
+
+``uids`` is ``data.non_tensor_batch["uid"]`` for the micro-batch's rows. Only torch and transformers are used
+here, so it also runs where verl is not installed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..shared_prefix import pack_rollout_groups, register_attention, rollout_logprobs
+from ..shared_prefix.logprobs import completion_values
+
+
+def _entropy_rows(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    work = (logits if logits.dtype in (torch.float32, torch.float64) else logits.float()) / temperature
+    logp = torch.log_softmax(work, -1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def shared_prefix_log_probs(model, micro_batch, uids, *, temperature: float = 1.0, calculate_entropy: bool = False,
+                            layout=None, attention: str = "auto"):
+    """``(entropy or None, log_probs)``, each ``[b, response_length]``, for verl's micro-batch dict / TensorDict
+    with ``input_ids``, ``attention_mask`` and ``responses`` (prompt columns = S - response_length)."""
+    input_ids, attention_mask = micro_batch["input_ids"], micro_batch["attention_mask"]
+    width = int(micro_batch["responses"].shape[-1])
+    uids = np.asarray(uids, dtype=object)
+    batch, info = pack_rollout_groups(input_ids, attention_mask, uids, np.arange(input_ids.shape[0]), layout,
+                                      prompt_length=int(input_ids.shape[1]) - width, attention=attention)
+    name = register_attention()
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        logits = model(**batch, use_cache=False).logits
+    finally:
+        model.set_attn_implementation(previous)
+    log_probs = rollout_logprobs(logits, info, temperature=temperature)
+    entropy = None
+    if calculate_entropy:
+        per_row, mask = completion_values(_entropy_rows(logits, temperature), info.info, shift=True)
+        seq = torch.from_numpy(info.seq_of_row).to(per_row.device)
+        per_row, mask = per_row[seq], mask[seq]
+        n = min(width, per_row.shape[1])
+        entropy = per_row.new_zeros((len(info.rows), width))
+        entropy[:, :n] = per_row[:, :n].masked_fill(~mask[:, :n], 0)
+    return entropy, log_probs

@@ -1,0 +1,155 @@
+"""``pack_rollout_groups``: verl's ``[B, S]`` GRPO rollouts -> one shared-prefix micro-batch, with no host sync.
+
+verl's rows are a left-padded prompt (``prompt_length`` columns) followed by a right-padded response; rows
+with the same ``uid`` come from the same prompt. Each group's prompt is packed once (read from its first row),
+then each row's response. Where the runs are comes from :func:`packkit.rl.rollout_layout` (one device-to-host
+copy per global batch); the tokens are read in place from the flat ``[B * S]`` tensor by the same
+``packkit::tree_pack`` launch as :func:`pack_groups`. That rows of one ``uid`` really share their prompt tokens
+is checked on the device without a sync: ``info.status`` counts the rows that differ (the
+``check_plan(sync=False)`` contract); :func:`check_rollout_groups` raises at a point of your choosing.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..packing.tensors import host_tensor, to_device
+from ..rl.rollouts import RolloutLayout, _indices, rollout_layout
+from .logprobs import CompletionLogprobs, completion_logprobs
+from .pack import SharedPrefixInfo, pack_forest
+from .planning import plan_trees
+from .tree import PrefixForest
+
+
+class RolloutGroupsInfo(NamedTuple):
+    info: SharedPrefixInfo  # for completion_logprobs (sequences in group order)
+    rows: np.ndarray  # the micro-batch's rows, in ``indices`` order
+    seq_of_row: np.ndarray  # sequence (in ``info``) of each of ``rows``
+    response_width: int  # S - prompt_length: verl's response columns
+    status: Optional[torch.Tensor]  # device 0-d int32: rows whose prompt differs from their group's first row
+
+
+def _group_keys(group_ids, batch: int) -> np.ndarray:
+    if isinstance(group_ids, torch.Tensor):
+        if group_ids.device.type != "cpu":
+            raise ValueError("group_ids must be on the host (verl's uid array, a list or a CPU tensor)")
+        group_ids = group_ids.numpy()
+    keys = np.asarray(group_ids)
+    if keys.shape != (batch,):
+        raise ValueError(f"group_ids must hold one id per rollout row ({batch}), got shape {keys.shape}")
+    _, inverse = np.unique(keys.astype(str) if keys.dtype == object else keys, return_inverse=True)
+    return inverse.astype(np.int64)
+
+
+def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, group_ids, indices: Sequence[int],
+                        layout: Optional[RolloutLayout] = None, *, prompt_length: int, device=None,
+                        backend: str = "auto", attention: str = "auto", check: bool = True):
+    """Pack rows ``indices`` of verl rollouts with each group's prompt once.
+
+    Args:
+        input_ids, attention_mask: ``[B, S]``; columns ``[0, prompt_length)`` hold the left-padded prompt.
+        group_ids: one id per row of the global batch (verl's ``uid``: strings or ints); rows with equal ids
+            share a prompt.
+        indices: the micro-batch's rows (host ints).
+        layout: :func:`packkit.rl.rollout_layout` of ``attention_mask`` (once per global batch; computed here,
+            with one sync, if None).
+        prompt_length: prompt columns (verl's ``prompts.shape[1]``).
+        check: compare every row's prompt tokens with its group's first row on the device (``info.status``).
+
+    Returns ``(batch, info)``; :func:`rollout_logprobs` turns the model's logits into verl's ``[b, response]``.
+    """
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise TypeError("input_ids must be a [batch, seq_len] tensor")
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} and input_ids {tuple(input_ids.shape)} differ")
+    b, s = input_ids.shape
+    if isinstance(prompt_length, bool) or not isinstance(prompt_length, (int, np.integer)) \
+            or not 0 <= prompt_length <= s:
+        raise ValueError(f"prompt_length must be an int in [0, {s}] (the prompt columns), got {prompt_length!r}")
+    layout = rollout_layout(attention_mask) if layout is None else layout
+    if not isinstance(layout, RolloutLayout) or len(layout.start) != b or layout.seq_len != s:
+        raise ValueError("layout must be packkit.rl.rollout_layout(attention_mask) of this batch")
+    rows = _indices(indices, b)
+    keys = _group_keys(group_ids, b)
+    start, length = layout.start[rows], layout.length[rows]
+    empty = length == 0
+    start = np.where(empty, prompt_length, start)
+    if ((start > prompt_length) | (start + length < prompt_length) & ~empty).any():
+        r = int(rows[np.flatnonzero((start > prompt_length) | (start + length < prompt_length) & ~empty)[0]])
+        raise ValueError(f"row {r}'s valid tokens do not cross column prompt_length={prompt_length}: rollouts must be a "
+                         "left-padded prompt followed by a right-padded response")
+    # Groups in order of first appearance; the first row of a group holds the prompt everyone shares.
+    group_of = keys[rows]
+    _, first_pos = np.unique(group_of, return_index=True)
+    order = np.argsort(first_pos, kind="stable")
+    group_first = np.sort(first_pos)  # position in rows of each group's first row, in appearance order
+    group_rank = np.empty(len(order), np.int64)
+    group_rank[order] = np.arange(len(order))
+    rank_of_row = group_rank[np.searchsorted(np.unique(group_of), group_of)]
+    prompt_len = prompt_length - start
+    first_row = group_first[rank_of_row]
+    bad = np.flatnonzero(prompt_len != prompt_len[first_row])
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"rows {int(rows[first_row[i]])} and {int(rows[i])} share group id {group_ids[rows[i]]!r} but "
+                         f"their prompts have {int(prompt_len[first_row[i]])} and {int(prompt_len[i])} tokens")
+    parent, node_len, src, seq_node, seq_rows = [], [], [], [], []
+    for g, first in enumerate(group_first):
+        members = np.flatnonzero(rank_of_row == g)
+        root = len(parent)
+        parent.append(-1)
+        node_len.append(int(prompt_len[first]))
+        src.append(int(rows[first]) * s + int(start[first]))
+        for i in members:
+            seq_node.append(len(parent))
+            seq_rows.append(i)
+            parent.append(root)
+            node_len.append(int(length[i]) - int(prompt_len[i]) if not empty[i] else 0)
+            src.append(int(rows[i]) * s + prompt_length)
+    seq_rows = np.array(seq_rows, np.int64)
+    node_len = np.array(node_len, np.int64)
+    score = np.array([node_len[parent[n]] for n in seq_node], np.int64)
+    flat = input_ids.reshape(-1)
+    forest = PrefixForest(np.array(parent, np.int64), node_len, np.array(src, np.int64), flat,
+                          np.array(seq_node, np.int64), score, rank_of_row[seq_rows])
+    batch, info = pack_forest(plan_trees(forest), device=device or input_ids.device, backend=backend,
+                              attention=attention)
+    seq_of_row = np.empty(len(rows), np.int64)
+    seq_of_row[seq_rows] = np.arange(len(seq_rows))
+    status = _prompt_status(input_ids, rows, first_row, start, prompt_length, input_ids.device) if check else None
+    return batch, RolloutGroupsInfo(info, rows, seq_of_row, s - prompt_length, status)
+
+
+def _prompt_status(input_ids, rows, first_row, start, prompt_length, device):
+    """0-d int32 on the device: rows whose prompt tokens differ from their group's first row (no sync)."""
+    others = np.flatnonzero(first_row != np.arange(len(rows)))
+    meta = np.stack((rows[others], rows[first_row[others]], start[others])) if len(others) else np.zeros((3, 0), np.int64)
+    meta = to_device(host_tensor(np.ascontiguousarray(meta, np.int64)), device)
+    cols = torch.arange(prompt_length, device=device)
+    in_prompt = cols >= meta[2].unsqueeze(1)
+    mine = input_ids[:, :prompt_length].index_select(0, meta[0])
+    theirs = input_ids[:, :prompt_length].index_select(0, meta[1])
+    return ((mine != theirs) & in_prompt).any(1).sum(dtype=torch.int32)
+
+
+def check_rollout_groups(info: RolloutGroupsInfo) -> None:
+    """Raise ValueError if rows of one group id had different prompt tokens (reads ``info.status``: one sync)."""
+    if info.status is not None and int(info.status):
+        raise ValueError(f"{int(info.status)} rollout rows have prompt tokens that differ from the first row of their "
+                         "group id: they cannot share a prefix (wrong uid?)")
+
+
+def rollout_logprobs(logits: torch.Tensor, info: RolloutGroupsInfo, *, temperature: float = 1.0) -> torch.Tensor:
+    """verl's response log-probs ``[len(indices), S - prompt_length]`` (zeros past each response) from the model's
+    logits on the shared-prefix batch, rows in ``indices`` order; differentiable."""
+    result: CompletionLogprobs = completion_logprobs(logits, info.info, temperature=temperature)
+    width = info.response_width
+    out = result.padded.new_zeros((len(info.rows), width))
+    got = result.padded[torch.from_numpy(info.seq_of_row).to(result.padded.device)]
+    mask = result.mask[torch.from_numpy(info.seq_of_row).to(result.padded.device)]
+    n = min(width, got.shape[1])
+    if n == 0:
+        return out
+    return torch.cat([got[:, :n].masked_fill(~mask[:, :n], 0), out[:, n:]], 1)
