@@ -1,0 +1,209 @@
+"""Shared-prefix packing benchmark (issue 30): one training step (forward + backward, fp32) of a small
+Llama-shaped model on GRPO-like groups and DPO pairs, three ways, in one run:
+
+* ``shared``: ``packkit.shared_prefix.pack_groups`` (each prompt once) + its registered attention (the
+  two-pass math on the CPU, FlashAttention varlen on a GPU), loss from ``completion_logprobs``;
+* ``unshared``: the same sequences packed without sharing (one document per prompt + completion, the same
+  per-document attention code: pass 1 of the two-pass path alone), the same loss;
+* ``prefix_grouper``: PrefixGrouper 0.0.1.post1 on the same groups (padded group rows; its two attention
+  calls through a padded SDPA adapter with bottom-right-aligned causal masking, as flash-attn would mask;
+  suffix positions continue from the prefix), loss from ``split_output(logits, include_prefix_last=1)``.
+
+Reported per workload and system: tokens forwarded (padding included for PrefixGrouper's padded rows), median
+seconds per step, peak resident memory of a fresh process (each system runs in its own process; baseline = the
+same process after loading the model), and ratios of medians (unshared / shared, prefix_grouper / shared).
+Every system's loss is checked equal to the shared one (fp32, rel 1e-4) before timing.
+
+    python benchmarks/bench_shared_prefix.py            # writes benchmarks/results/shared_prefix_cpu.json
+    python benchmarks/bench_shared_prefix.py --quick    # smoke run, small groups, writes nothing
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import machine_info, write_results  # noqa: E402
+
+VOCAB = 4096
+MODEL = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=8192)
+
+# (name, prompt range, G, completion median, number of groups); DPO: G = 2.
+WORKLOADS = [
+    ("grpo-p512-g8-c128", (512, 512), 8, 128, 2),
+    ("grpo-p1024-g16-c256", (1024, 1024), 16, 256, 1),
+    ("grpo-p2048-g8-c512", (2048, 2048), 8, 512, 1),
+    ("grpo-p512..2048-g16-c128", (512, 2048), 16, 128, 2),
+    ("dpo-p512..1024-c256", (512, 1024), 2, 256, 8),
+]
+QUICK = [("grpo-quick", (64, 64), 4, 16, 2), ("dpo-quick", (32, 64), 2, 16, 3)]
+
+
+def make_groups(spec, seed=0):
+    _, (plo, phi), g, median, n = spec
+    rng = np.random.default_rng(seed)
+    prompts, completions = [], []
+    for _ in range(n):
+        prompts.append(rng.integers(1, VOCAB, int(rng.integers(plo, phi + 1))).tolist())
+        lens = np.clip(np.exp(rng.normal(np.log(median), 0.5, g)).astype(int), 1, 4 * median)
+        completions.append([rng.integers(1, VOCAB, int(c)).tolist() for c in lens])
+    return prompts, completions
+
+
+def tiny_model():
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**MODEL, use_cache=False, attn_implementation="sdpa")
+    return transformers.LlamaForCausalLM(config).float()
+
+
+# --- the three systems: each returns a function running one training step and returning its loss -------------
+def step_shared(model, prompts, completions, share=True):
+    from packkit import shared_prefix as sp
+
+    model.set_attn_implementation(sp.register_attention())
+    if share:
+        batch, info = sp.pack_groups(prompts, completions, attention="varlen")
+    else:  # every prompt + completion its own document (a one-node tree), scored from the prompt's end
+        seqs = [p + c for p, cs in zip(prompts, completions) for c in cs]
+        score = [len(p) for p, cs in zip(prompts, completions) for _ in cs]
+        batch, info = sp.pack_tree(sp.sequences_forest(seqs, score), attention="varlen")
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        logits = model(**batch, use_cache=False).logits
+        result = sp.completion_logprobs(logits, info)
+        loss = -(result.padded * result.mask).sum() / result.mask.sum()
+        loss.backward()
+        return float(loss.detach())
+    return step, int(batch["input_ids"].numel())
+
+
+def _pg_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """PrefixGrouper's attention calls on the CPU, masked as transformers' flash_attention_2 does with a 2-D mask:
+    queries are the mask's last ``lq`` columns, valid tokens are unpadded, and causal masking is aligned
+    bottom-right (valid query t sees valid keys up to t + n_keys - n_queries)."""
+    lq = query.shape[-2]
+    valid = attention_mask.bool()
+    q_valid = valid[:, -lq:]
+    key_rank = valid.long().cumsum(-1) - 1
+    q_rank = q_valid.long().cumsum(-1) - 1
+    shift = (valid.sum(-1) - q_valid.sum(-1))[:, None, None]
+    mask = valid[:, None, :] & (key_rank[:, None, :] <= q_rank[:, :, None] + shift) & q_valid[:, :, None]
+    mask = mask | ~mask.any(-1, keepdim=True)  # padded queries: attend to something (discarded) instead of NaN
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask[:, None], scale=scaling,
+                                                           enable_gqa=True)
+    return out.transpose(1, 2), None
+
+
+def step_prefix_grouper(model, prompts, completions):
+    from prefix_grouper import PrefixGrouper
+    from prefix_grouper.utils.register_transformers import register_attention
+    from transformers import AttentionInterface
+
+    register_attention()
+    AttentionInterface.register("pk_pg_sdpa", _pg_sdpa)
+    model.set_attn_implementation("prefix_grouper_attention")
+    group_info = [[len(p), *map(len, cs)] for p, cs in zip(prompts, completions)]
+    pg = PrefixGrouper(group_info, padding_mode="right")
+    width = max(sum(g) for g in group_info)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    pos = torch.zeros(len(prompts), width, dtype=torch.long)
+    for b, (p, cs) in enumerate(zip(prompts, completions)):
+        row, at = list(p), len(p)
+        pos[b, :at] = torch.arange(at)
+        for c in cs:
+            pos[b, at:at + len(c)] = torch.arange(len(p), len(p) + len(c))
+            row += c
+            at += len(c)
+        ids[b, :len(row)] = torch.tensor(row)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids, position_ids=pos, prefix_grouper=pg, prefix_grouper_attn_func="pk_pg_sdpa",
+                       use_cache=False).logits
+        _, _, suffix, suffix_mask = pg.split_output(logits, include_prefix_last=1)
+        _, _, suffix_ids, _ = pg.split_output(ids.unsqueeze(-1).float(), include_prefix_last=0)
+        logp = torch.log_softmax(suffix[:, :-1], -1).gather(-1, suffix_ids.long())[..., 0]
+        mask = suffix_mask[:, 1:].bool()
+        loss = -(logp * mask).sum() / mask.sum()
+        loss.backward()
+        return float(loss.detach())
+    return step, int(ids.numel())
+
+
+SYSTEMS = {"shared": lambda m, p, c: step_shared(m, p, c, True), "unshared": lambda m, p, c: step_shared(m, p, c, False),
+           "prefix_grouper": step_prefix_grouper}
+
+
+def _run(system, spec, repeats, queue):
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model = tiny_model()
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    prompts, completions = make_groups(spec)
+    step, tokens = SYSTEMS[system](model, prompts, completions)
+    loss = step()  # warm-up (and the loss every system must agree on)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put({"system": system, "tokens": tokens, "seconds": statistics.median(times), "all_seconds": times,
+               "loss": loss, "peak_rss_mb": peak / 1024, "model_rss_mb": base / 1024})
+
+
+def run_one(system, spec, repeats):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_run, args=(system, spec, repeats, queue))
+    proc.start()
+    out = queue.get()
+    proc.join()
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    workloads = QUICK if args.quick else WORKLOADS
+    rows = []
+    head = (f"{'workload':26s} {'system':15s} {'tokens':>7s} {'unique':>7s} {'s/step':>8s} {'peak MB':>8s} "
+            f"{'+MB':>7s} {'vs shared':>9s}")
+    print(head)
+    for spec in workloads:
+        prompts, completions = make_groups(spec)
+        unique = sum(len(p) + sum(map(len, cs)) for p, cs in zip(prompts, completions))
+        runs = {s: run_one(s, spec, 1 if args.quick else args.repeats) for s in SYSTEMS}
+        ref = runs["shared"]["loss"]
+        for name, r in runs.items():
+            agree = abs(r["loss"] - ref) <= 1e-4 * abs(ref)
+            ratio = r["seconds"] / runs["shared"]["seconds"]
+            row = {"workload": spec[0], **r, "unique_tokens": unique, "time_vs_shared": ratio,
+                   "extra_mb": r["peak_rss_mb"] - r["model_rss_mb"], "loss_agrees": agree}
+            rows.append(row)
+            print(f"{spec[0]:26s} {name:15s} {r['tokens']:7d} {unique:7d} {r['seconds']:8.3f} {r['peak_rss_mb']:8.0f} "
+                  f"{row['extra_mb']:7.0f} {ratio:8.2f}x{'' if agree else '  LOSS DIFFERS'}")
+    doc = {"machine": machine_info(), "model": MODEL, "rows": rows,
+           "notes": "CPU fp32 forward+backward per step, median of repeats; each system in its own process; "
+                    "peak = ru_maxrss of that process, +MB = peak minus RSS after loading the model"}
+    write_results(doc, "shared_prefix_cpu.json", args.out, args.quick)
+    return doc
+
+
+if __name__ == "__main__":
+    main()
