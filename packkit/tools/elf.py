@@ -1,5 +1,7 @@
 """Just enough of an ELF reader for ``packkit info``: a shared library's ``.comment`` (the compilers that
-built it), its ``DT_NEEDED`` libraries and run paths. No binutils needed on the user's machine."""
+built it), its ``DT_NEEDED`` libraries, run paths and the symbol versions it needs (``.gnu.version_r``:
+GLIBC_2.31, GLIBCXX_3.4.28, ...: the oldest glibc / libstdc++ it loads with). No binutils needed on the
+user's machine."""
 from __future__ import annotations
 
 import struct
@@ -7,12 +9,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 _DT_NEEDED, _DT_RPATH, _DT_RUNPATH = 1, 15, 29
+_SHT_GNU_VERNEED = 0x6FFFFFFE
 
 
 class ElfInfo(NamedTuple):
     comment: list[str]  # e.g. ["GCC: (Debian 12.2.0-14+deb12u1) 12.2.0"]
     needed: list[str]  # DT_NEEDED, in order
     runpath: list[str]  # DT_RUNPATH / DT_RPATH entries
+    versions: dict[str, list[str]] = {}  # library -> the symbol versions needed from it, e.g. GLIBC_2.29
 
 
 def read_elf(path: str | Path) -> ElfInfo:
@@ -48,7 +52,38 @@ def read_elf(path: str | Path) -> ElfInfo:
                 needed.append(_cstr(data, strtab + value))
             elif tag in (_DT_RPATH, _DT_RUNPATH):
                 runpath.extend(_cstr(data, strtab + value).split(":"))
-    return ElfInfo(list(dict.fromkeys(comment)), needed, runpath)
+    versions: dict[str, list[str]] = {}
+    for _name, typ, offset, _size, link in sections:
+        if typ != _SHT_GNU_VERNEED:
+            continue
+        strtab = sections[link][2]
+        pos = offset
+        while True:  # Elf64_Verneed entries, each with a chain of Elf64_Vernaux
+            _ver, count, file, aux, nxt = struct.unpack_from("<HHIII", data, pos)
+            names, apos = versions.setdefault(_cstr(data, strtab + file), []), pos + aux
+            for _ in range(count):
+                _hash, _flags, _other, name, anext = struct.unpack_from("<IHHII", data, apos)
+                names.append(_cstr(data, strtab + name))
+                apos += anext
+            if not nxt:
+                break
+            pos += nxt
+    return ElfInfo(list(dict.fromkeys(comment)), needed, runpath, versions)
+
+
+def newest_versions(versions: dict[str, list[str]]) -> dict[str, str]:
+    """The newest version needed per family (``GLIBC``, ``GLIBCXX``, ``CXXABI``, ``GCC``), e.g.
+    ``{"GLIBC": "2.31", "GLIBCXX": "3.4.28"}``: what the target machine's glibc and libstdc++ must provide."""
+    newest: dict[str, tuple] = {}
+    for names in versions.values():
+        for v in names:
+            family, _, number = v.partition("_")
+            if not number or not all(part.isdigit() for part in number.split(".")):
+                continue  # e.g. GLIBC_PRIVATE, CXXABI_FLOAT128: no ordering
+            key = tuple(int(part) for part in number.split("."))
+            if key > newest.get(family, ()):
+                newest[family] = key
+    return {family: ".".join(map(str, key)) for family, key in sorted(newest.items())}
 
 
 def _cstr(data: bytes, offset: int) -> str:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .elf import mapped_libraries, read_elf
+from .elf import mapped_libraries, newest_versions, read_elf
 
 OPS = ("layout", "pack", "pack_batch", "unpack", "unpack_padded", "layout_out", "pack_out", "pack_batch_out",
        "unpack_out", "unpack_padded_out", "cp_shard")
@@ -131,6 +131,30 @@ def build_record() -> dict:
     return record
 
 
+def wheel_record() -> dict:
+    """The installed wheel's tag (its dist-info WHEEL file), the newest glibc / libstdc++ symbol versions its
+    compiled modules need (read from their ELF files) and the glibc this machine runs."""
+    tags = []
+    try:
+        wheel = importlib.metadata.distribution("packkit").read_text("WHEEL") or ""
+        tags = [line.split(":", 1)[1].strip() for line in wheel.splitlines() if line.startswith("Tag:")]
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    versions: dict[str, list[str]] = {}
+    for f in sorted(_package_dir().glob("*.so")):
+        try:
+            for lib, names in read_elf(f).versions.items():
+                versions.setdefault(lib, []).extend(names)
+        except (OSError, ValueError):
+            continue
+    libc, libc_version = platform.libc_ver()
+    return {"tags": tags, "needs": newest_versions(versions), "libc": f"{libc} {libc_version}".strip() or "unknown"}
+
+
+def _older(have: str, need: str) -> bool:
+    return tuple(map(int, have.split("."))) < tuple(map(int, need.split(".")))
+
+
 def run_selfcheck(backend: str, crash_control: bool = False, timeout: float = CHECK_TIMEOUT_S) -> dict:
     """Runs the self-check of one backend in a child process; a crash is a result, not our crash."""
     cmd = [sys.executable, "-m", "packkit.tools.selfcheck", backend] + (["--crash-control"] if crash_control else [])
@@ -162,7 +186,7 @@ def run_selfcheck(backend: str, crash_control: bool = False, timeout: float = CH
 
 
 def collect(selfcheck: bool = True, crash_control: bool = False) -> dict:
-    doc = {"environment": environment(), "backends": backends(), "build": build_record()}
+    doc = {"environment": environment(), "backends": backends(), "build": build_record(), "wheel": wheel_record()}
     # After the op libraries are loaded: the C++ runtime these modules really use in this process.
     doc["loaded_runtime"] = mapped_libraries("libstdc++", "libgcc_s")
     problems = []
@@ -172,6 +196,10 @@ def collect(selfcheck: bool = True, crash_control: bool = False) -> dict:
     for lib, paths in doc["loaded_runtime"].items():
         if len(paths) > 1:
             problems.append(f"two {lib} are loaded: {', '.join(paths)}")
+    libc, needs = doc["wheel"]["libc"], doc["wheel"]["needs"]
+    if libc.startswith("glibc ") and "GLIBC" in needs and _older(libc.split()[1], needs["GLIBC"]):
+        problems.append(f"the compiled modules need glibc >= {needs['GLIBC']}, this machine has {libc}: "
+                        "install a wheel for an older glibc or build from source (docs/install.md)")
     if not doc["backends"]["cpu"]["loaded"]:
         problems.append(f"the CPU ops did not load: {doc['backends']['cpu']['error']}")
     doc["selfcheck"] = []
@@ -213,6 +241,11 @@ def format_report(doc: dict) -> str:
             line += f"  ({b['error'][:200]})"
         out.append(line)
     out.append("")
+    wheel = doc["wheel"]
+    needs = wheel["needs"]
+    out.append(f"wheel tag: {', '.join(wheel['tags']) or 'unknown (not installed from a wheel)'}; its modules need "
+               f"glibc >= {needs.get('GLIBC', '?')}, libstdc++ GLIBCXX >= {needs.get('GLIBCXX', '?')}, "
+               f"CXXABI >= {needs.get('CXXABI', '?')}; this machine runs {wheel['libc']}")
     build = doc["build"]
     if "missing" in build:
         out.append(f"build record: missing ({build['missing']})")
