@@ -184,3 +184,9 @@ for key in ("cxx_compiler", "cuda_compiler", "cuda_architectures", "torch_versio
     print(f"  {key}: {info.get(key, '-')}")
 EOF
 done
+
+# The sdist: builds from source with `pip install --no-build-isolation` where torch is installed (CPU ops; CUDA
+# kernels too with nvcc and a CUDA torch); without torch, pip stops at once (tools/build_backend).
+sdist=$("$env/bin/python" -c "import sys; sys.path.insert(0, 'tools/build_backend'); import packkit_backend; \
+print(packkit_backend.build_sdist(sys.argv[1]))" "$OUT" | tail -1)
+echo "sdist: $OUT/$sdist"
