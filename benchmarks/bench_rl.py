@@ -17,7 +17,13 @@ cross-rank per-step balance (sum over k of the costliest rank's micro-batch k / 
 workload and under ``transformer_cost`` of a Llama-3-8B-shaped model (each planner planned under the cost it is
 scored on; verl always plans under its workload).
 
-Usage: python benchmarks/bench_rl.py [--quick] [--full] [--out PATH]
+``--heavy`` (issue 30's held-out workload): heavy-tailed rollouts, prompt uniform in [64, 1500], response
+lognormal with median 1,500-3,000 and sigma 1.0 clipped to the cap minus the prompt (tails of 12k-30k), caps
+16k / 32k, dp 8 / 16, seeds 0 and 1: verl's pipeline vs ``micro_batches(cost=verl's workload)`` and the certified
+lower bound on the balance of any plan with that many micro-batches per rank
+(``packkit.planning.balance_bound.step_balance_lower_bound``).
+
+Usage: python benchmarks/bench_rl.py [--quick] [--full] [--heavy] [--out PATH]
 """
 from __future__ import annotations
 
@@ -44,6 +50,37 @@ def rollout_lengths(n, cap, seed=0):
     prompt = rng.integers(100, 1001, n)
     response = np.clip(np.exp(rng.normal(np.log(cap / 16), 1.0, n)).astype(np.int64), 1, cap // 2)
     return prompt + response
+
+
+def heavy_lengths(n, median, cap, seed):
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(64, 1501, n)
+    response = np.clip(np.exp(rng.normal(np.log(median), 1.0, n)).astype(np.int64), 1, cap - prompt)
+    return prompt + response
+
+
+HEAVY = [(512, 1500, 16384, 8), (1024, 1500, 16384, 8), (1024, 2000, 16384, 16), (2048, 2000, 16384, 16),
+         (512, 3000, 32768, 8), (1024, 3000, 32768, 16)]
+
+
+def heavy_rows():
+    from packkit.planning.balance_bound import step_balance_lower_bound
+
+    rows = []
+    for n, median, cap, dp in HEAVY:
+        for seed in (0, 1):
+            lengths = heavy_lengths(n, median, cap, seed)
+            plans, t_verl, _ = verl_pipeline(lengths, cap, dp)
+            mb, t = timed(lambda: rl.micro_batches(lengths, cap, dp, cost=workload), repeat=1)
+            k = len(mb.indices[0])
+            cost = lambda idx: workload(lengths[idx])  # noqa: E731
+            rows.append({"rollouts": n, "median": median, "cap": cap, "dp": dp, "seed": seed,
+                         "max_len": int(lengths.max()), "micro_batches": k, "verl_micro_batches": len(plans[0]),
+                         "balance_packkit": round(step_balance(mb.indices, cost), 5),
+                         "balance_verl": round(step_balance(plans, cost), 5),
+                         "bound": round(step_balance_lower_bound(lengths, cap, dp, k, 24576, 1), 5),
+                         "ms_packkit": round(t * 1e3, 1), "ms_verl": round(t_verl * 1e3, 1)})
+    return rows
 
 
 def workload(x):
@@ -196,6 +233,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small smoke run (CI)")
     ap.add_argument("--full", action="store_true", help="also the slow verl rows (minutes)")
+    ap.add_argument("--heavy", action="store_true", help="only the heavy-tailed balance rows (issue 30)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     try:
@@ -205,6 +243,16 @@ def main():
         has_verl = False
         print("verl not installed: packkit rows only")
 
+    if args.heavy:
+        if not has_verl:
+            raise SystemExit("--heavy compares with verl: pip install --no-deps verl==0.9.1 omegaconf tensordict")
+        rows = heavy_rows()
+        keys = list(rows[0])
+        print(" | ".join(keys))
+        for r in rows:
+            print(" | ".join(str(r[k]) for k in keys))
+        write_results({"machine": machine_info(verl=True), "rows": rows}, "rl_heavy_cpu.json", args.out, False)
+        return
     if args.quick:
         rank_cases, global_cases = [(256, 16384)], [(512, 8, 16384)]
     else:

@@ -164,7 +164,7 @@ for py in "${PYTHONS[@]}"; do
   # no CMake cache keeps flags from an earlier build (e.g. a planted -static-libstdc++).
   rm -rf "${BUILD_DIR:?}"/"$tag"-*
   CMAKE_ARGS="$COMPILER_ARGS $CUDA_ARGS ${CMAKE_ARGS:-}" "$env/bin/python" -m pip wheel --no-build-isolation --no-deps \
-    --disable-pip-version-check -w "$STAGE" -C build-dir="$ROOT/$BUILD_DIR/{wheel_tag}" . \
+    --disable-pip-version-check -w "$STAGE" --config-settings=build-dir="$ROOT/$BUILD_DIR/{wheel_tag}" . \
     >"$ENVS/$tag-build.log" 2>&1 || { tail -40 "$ENVS/$tag-build.log"; echo "build for $tag failed" >&2; exit 1; }
   unrepaired=$(ls -t "$STAGE"/packkit-*-"$tag"-*.whl | head -1)
   # auditwheel: the lowest manylinux tag every binary's symbols allow, no newer than $MANYLINUX, written to $OUT.
