@@ -100,7 +100,7 @@ else
   case "$(realpath "$ENVS")/" in "$ROOT"/*) ;; *) bind_into_root "$ENVS" ;; esac
   export PACKKIT_RELEASE_ROOT=$RELEASE_ROOT
   COMPILER_ARGS="-DCMAKE_CXX_COMPILER=$ROOT/tools/release/bin/g++"
-  echo "build root: $RELEASE_ROOT ($(chroot "$RELEASE_ROOT" ldd --version | head -1), $(chroot "$RELEASE_ROOT" g++ --version | head -1))"
+  echo "build root: $RELEASE_ROOT ($(chroot "$RELEASE_ROOT" ldd --version | sed -n 1p), $(chroot "$RELEASE_ROOT" g++ --version | sed -n 1p))"
   if [ -n "$NVCC" ]; then
     # The real nvcc and its toolkit (NVCC may be a wrapper script), mounted read-only; its host compiler
     # is the root's g++.
@@ -166,7 +166,7 @@ for py in "${PYTHONS[@]}"; do
   CMAKE_ARGS="$COMPILER_ARGS $CUDA_ARGS ${CMAKE_ARGS:-}" "$env/bin/python" -m pip wheel --no-build-isolation --no-deps \
     --disable-pip-version-check -w "$STAGE" --config-settings=build-dir="$ROOT/$BUILD_DIR/{wheel_tag}" . \
     >"$ENVS/$tag-build.log" 2>&1 || { tail -40 "$ENVS/$tag-build.log"; echo "build for $tag failed" >&2; exit 1; }
-  unrepaired=$(ls -t "$STAGE"/packkit-*-"$tag"-*.whl | head -1)
+  unrepaired=$(ls -t "$STAGE"/packkit-*-"$tag"-*.whl | sed -n 1p)
   # auditwheel: the lowest manylinux tag every binary's symbols allow, no newer than $MANYLINUX, written to $OUT.
   wheel=$("$TOOLS/bin/python" tools/release/manylinux.py "$unrepaired" "$OUT" --newest "$MANYLINUX") \
     || { echo "wheel for $tag: not release-grade (above)" >&2; exit 1; }

@@ -30,8 +30,8 @@ mkdir -p "$ROOT_DIR"
 start=$SECONDS
 debootstrap --variant=minbase --include=g++,make "$SUITE" "$ROOT_DIR" "$MIRROR" >"$ROOT_DIR.log" 2>&1 \
   || { tail -20 "$ROOT_DIR.log" >&2; echo "build_root.sh: debootstrap $SUITE failed (log: $ROOT_DIR.log)" >&2; exit 1; }
-chroot "$ROOT_DIR" g++ --version | head -1 >&2
-chroot "$ROOT_DIR" ldd --version | head -1 >&2
+chroot "$ROOT_DIR" g++ --version | sed -n 1p >&2  # sed, not head: no SIGPIPE under pipefail
+chroot "$ROOT_DIR" ldd --version | sed -n 1p >&2
 echo "build root ready in $((SECONDS - start)) s" >&2
 touch "$ROOT_DIR/.packkit-release-root" "$ROOT_DIR/.ready"
 echo "$ROOT_DIR"
