@@ -19,6 +19,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include "context_parallel.hpp"
+#include "cuda_stream.cuh"
 #include "ops.hpp"
 #include "pack_checks.hpp"
 
@@ -26,13 +27,6 @@ namespace packkit::ops {
 namespace {
 
 constexpr int kCpThreads = 256;
-
-cudaStream_t cp_stream(const Tensor& t) {
-  void* stream = nullptr;
-  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream) == AOTI_TORCH_SUCCESS,
-                  "packkit: could not get the current CUDA stream");
-  return static_cast<cudaStream_t>(stream);
-}
 
 template <typename Id, typename Label>
 __global__ void cp_shard_kernel(const Id* __restrict__ ids, const Label* __restrict__ labels,
@@ -106,7 +100,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cuda(
   const int64_t num_segments = cu_seqlens.numel() - 1;
   const int64_t num_tokens = input_ids.numel();
   const int64_t blocks = std::min<int64_t>((out_len + kCpThreads - 1) / kCpThreads, 65535);
-  cudaStream_t stream = cp_stream(input_ids);
+  cudaStream_t stream = current_stream(input_ids);
   dispatch_cp_shard_types(input_ids, labels, [&](auto id_tag, auto label_tag) {
     using Id = decltype(id_tag);
     using Label = decltype(label_tag);

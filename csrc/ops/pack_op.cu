@@ -33,6 +33,7 @@
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 
+#include "cuda_stream.cuh"
 #include "ops.hpp"
 #include "pack_checks.hpp"
 
@@ -43,13 +44,6 @@ constexpr int kLayoutThreads = 1024;
 constexpr int kThreads = 256;
 constexpr int kItems = 8;  // positions per thread per tile
 constexpr int64_t kTile = int64_t{kThreads} * kItems;
-
-cudaStream_t current_stream(const Tensor& t) {
-  void* stream = nullptr;
-  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream) == AOTI_TORCH_SUCCESS,
-                  "packkit: could not get the current CUDA stream");
-  return static_cast<cudaStream_t>(stream);
-}
 
 void check_launch(const char* op) {
   const cudaError_t err = cudaGetLastError();

@@ -17,6 +17,7 @@
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 
+#include "cuda_stream.cuh"
 #include "ops.hpp"
 #include "pack_checks.hpp"
 #include "tree_pack.hpp"
@@ -25,13 +26,6 @@ namespace packkit::ops {
 namespace {
 
 constexpr int kTreeThreads = 256;
-
-cudaStream_t tree_stream(const Tensor& t) {
-  void* stream = nullptr;
-  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream) == AOTI_TORCH_SUCCESS,
-                  "packkit: could not get the current CUDA stream");
-  return static_cast<cudaStream_t>(stream);
-}
 
 template <typename Id, typename Label>
 __global__ void tree_pack_kernel(const Id* __restrict__ ids, const Label* __restrict__ labels, int64_t num_src,
@@ -86,7 +80,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> tree_pack_cuda(
   const TreePackOutputs out(input_ids, label_src, num_rows, row_len, m);
   const int64_t work = num_rows * row_len + m + num_rows + 1;
   const int64_t blocks = std::min<int64_t>((work + kTreeThreads - 1) / kTreeThreads, 65535);
-  cudaStream_t stream = tree_stream(input_ids);
+  cudaStream_t stream = current_stream(input_ids);
   dispatch_tree_pack_types(input_ids, label_src, [&](auto id_tag, auto label_tag) {
     using Id = decltype(id_tag);
     using Label = decltype(label_tag);
