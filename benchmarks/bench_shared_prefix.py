@@ -16,6 +16,12 @@ Every system's loss is checked equal to the shared one (fp32, rel 1e-4) before t
 
     python benchmarks/bench_shared_prefix.py            # writes benchmarks/results/shared_prefix_cpu.json
     python benchmarks/bench_shared_prefix.py --quick    # smoke run, small groups, writes nothing
+    python benchmarks/bench_shared_prefix.py --device cuda --dtype bf16   # GPU rows: shared_prefix_<gpu>.json
+
+On a GPU (``--device cuda``) the systems are ``shared`` (the FlashAttention-varlen two-pass path),
+``shared_flex`` (FlexAttention with the tree BlockMask), ``unshared`` (varlen, pass 1 only) and
+``prefix_grouper`` (its padded SDPA adapter), timed with ``torch.cuda.synchronize`` and peak memory from
+``torch.cuda.max_memory_allocated`` (model loaded first, then the peak reset).
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine_info, write_results  # noqa: E402
+from _results import machine_info, results_name, write_results  # noqa: E402
 
 VOCAB = 4096
 MODEL = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
@@ -60,25 +66,29 @@ def make_groups(spec, seed=0):
     return prompts, completions
 
 
-def tiny_model():
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def tiny_model(device="cpu", dtype="fp32"):
     import transformers
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(**MODEL, use_cache=False, attn_implementation="sdpa")
-    return transformers.LlamaForCausalLM(config).float()
+    return transformers.LlamaForCausalLM(config).to(device=device, dtype=DTYPES[dtype])
 
 
 # --- the three systems: each returns a function running one training step and returning its loss -------------
-def step_shared(model, prompts, completions, share=True):
+def step_shared(model, prompts, completions, share=True, attention="varlen"):
     from packkit import shared_prefix as sp
 
     model.set_attn_implementation(sp.register_attention())
+    device = model.device
     if share:
-        batch, info = sp.pack_groups(prompts, completions, attention="varlen")
+        batch, info = sp.pack_groups(prompts, completions, attention=attention, device=device)
     else:  # every prompt + completion its own document (a one-node tree), scored from the prompt's end
         seqs = [p + c for p, cs in zip(prompts, completions) for c in cs]
         score = [len(p) for p, cs in zip(prompts, completions) for _ in cs]
-        batch, info = sp.pack_tree(sp.sequences_forest(seqs, score), attention="varlen")
+        batch, info = sp.pack_tree(sp.sequences_forest(seqs, score), attention=attention, device=device)
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -128,6 +138,7 @@ def step_prefix_grouper(model, prompts, completions):
             row += c
             at += len(c)
         ids[b, :len(row)] = torch.tensor(row)
+    ids, pos = ids.to(model.device), pos.to(model.device)
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -145,29 +156,44 @@ def step_prefix_grouper(model, prompts, completions):
 
 SYSTEMS = {"shared": lambda m, p, c: step_shared(m, p, c, True), "unshared": lambda m, p, c: step_shared(m, p, c, False),
            "prefix_grouper": step_prefix_grouper}
+GPU_SYSTEMS = {**SYSTEMS, "shared_flex": lambda m, p, c: step_shared(m, p, c, True, "flex")}
+GPU_ORDER = ("shared", "shared_flex", "unshared", "prefix_grouper")
 
 
-def _run(system, spec, repeats, queue):
+def _run(system, spec, repeats, queue, device="cpu", dtype="fp32"):
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    model = tiny_model()
+    cuda = device == "cuda"
+    model = tiny_model(device, dtype)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if cuda:
+        torch.cuda.synchronize()
+        base_gpu = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
     prompts, completions = make_groups(spec)
-    step, tokens = SYSTEMS[system](model, prompts, completions)
+    step, tokens = (GPU_SYSTEMS if cuda else SYSTEMS)[system](model, prompts, completions)
     loss = step()  # warm-up (and the loss every system must agree on)
     times = []
     for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         step()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put({"system": system, "tokens": tokens, "seconds": statistics.median(times), "all_seconds": times,
-               "loss": loss, "peak_rss_mb": peak / 1024, "model_rss_mb": base / 1024})
+    out = {"system": system, "tokens": tokens, "seconds": statistics.median(times), "all_seconds": times,
+           "loss": loss, "peak_rss_mb": peak / 1024, "model_rss_mb": base / 1024}
+    if cuda:  # the device's memory is what a GPU step is limited by: report it in the same columns
+        out.update(peak_rss_mb=torch.cuda.max_memory_allocated() / 2**20, model_rss_mb=base_gpu / 2**20,
+                   host_peak_rss_mb=peak / 1024)
+    queue.put(out)
 
 
-def run_one(system, spec, repeats):
+def run_one(system, spec, repeats, device="cpu", dtype="fp32"):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_run, args=(system, spec, repeats, queue))
+    proc = ctx.Process(target=_run, args=(system, spec, repeats, queue, device, dtype))
     proc.start()
     out = queue.get()
     proc.join()
@@ -179,29 +205,38 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
     args = parser.parse_args(argv)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device visible")
     workloads = QUICK if args.quick else WORKLOADS
+    systems = GPU_ORDER if cuda else tuple(SYSTEMS)
+    # fp32 losses agree to 1e-4; bf16 / fp16 sum rounding differs with the layout
+    tolerance = 1e-4 if args.dtype == "fp32" else 2e-2
     rows = []
-    head = (f"{'workload':26s} {'system':15s} {'tokens':>7s} {'unique':>7s} {'s/step':>8s} {'peak MB':>8s} "
-            f"{'+MB':>7s} {'vs shared':>9s}")
+    head = (f"{'workload':26s} {'system':15s} {'tokens':>7s} {'unique':>7s} {'s/step':>8s} "
+            f"{'peak MB' if not cuda else 'GPU MB':>8s} {'+MB':>7s} {'vs shared':>9s}")
     print(head)
     for spec in workloads:
         prompts, completions = make_groups(spec)
         unique = sum(len(p) + sum(map(len, cs)) for p, cs in zip(prompts, completions))
-        runs = {s: run_one(s, spec, 1 if args.quick else args.repeats) for s in SYSTEMS}
+        runs = {s: run_one(s, spec, 1 if args.quick else args.repeats, args.device, args.dtype) for s in systems}
         ref = runs["shared"]["loss"]
         for name, r in runs.items():
-            agree = abs(r["loss"] - ref) <= 1e-4 * abs(ref)
+            agree = abs(r["loss"] - ref) <= tolerance * abs(ref)
             ratio = r["seconds"] / runs["shared"]["seconds"]
             row = {"workload": spec[0], **r, "unique_tokens": unique, "time_vs_shared": ratio,
                    "extra_mb": r["peak_rss_mb"] - r["model_rss_mb"], "loss_agrees": agree}
             rows.append(row)
             print(f"{spec[0]:26s} {name:15s} {r['tokens']:7d} {unique:7d} {r['seconds']:8.3f} {r['peak_rss_mb']:8.0f} "
                   f"{row['extra_mb']:7.0f} {ratio:8.2f}x{'' if agree else '  LOSS DIFFERS'}")
-    doc = {"machine": machine_info(), "model": MODEL, "rows": rows,
-           "notes": "CPU fp32 forward+backward per step, median of repeats; each system in its own process; "
-                    "peak = ru_maxrss of that process, +MB = peak minus RSS after loading the model"}
-    write_results(doc, "shared_prefix_cpu.json", args.out, args.quick)
+    doc = {"machine": machine_info(), "model": MODEL, "device": args.device, "dtype": args.dtype, "rows": rows,
+           "notes": f"{args.device} {args.dtype} forward+backward per step, median of repeats; each system in its "
+                    "own process; peak = ru_maxrss of that process (CPU) or torch.cuda.max_memory_allocated (GPU), "
+                    "+MB = peak minus the memory after loading the model"}
+    write_results(doc, results_name("shared_prefix", gpu=cuda), args.out, args.quick)
     return doc
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command that proves packkit's device paths on a CUDA machine:
 #
-#   bash tests/gpu/run.sh [wheel|build|diagnose|compare|test|sanitize|bench]   (no argument: all, in order)
+#   bash tests/gpu/run.sh [wheel|build|diagnose|compare|test|sanitize|bench|prefix]   (no argument: all, in order)
 #
 # wheel     installs a carried wheel instead of building here (tools/build_wheel.sh on the CPU machine):
 #           $PACKKIT_WHEEL, else the newest dist/packkit-*-cpXY-*.whl for this Python; no network, no compiler
@@ -16,6 +16,9 @@
 # test      the whole pytest suite with CUDA and compiled Triton; a skipped GPU test fails the step
 # sanitize  compute-sanitizer memcheck and racecheck over tests/gpu (inconsistent plans included)
 # bench     benchmarks/bench_pack_gpu.py
+# prefix    benchmarks/bench_shared_prefix.py --device cuda --dtype bf16: one training step, shared-prefix
+#           two-pass varlen vs FlexAttention vs unshared varlen vs PrefixGrouper (issue 30's GPU rows; writes
+#           benchmarks/results/shared_prefix_<gpu>.json); CPU mode: its --quick smoke run
 #
 # No argument: with a wheel found, first the wheel (wheel, diagnose), then a build here (build, diagnose,
 # compare), so the two are compared; then test, sanitize and bench on the build. Without a wheel: build,
@@ -210,6 +213,13 @@ step_bench() {
   [ "${PIPESTATUS[0]}" = 0 ] && [ -s "$out" ] && $PY tests/gpu/summary.py attach "$out"
 }
 
+step_prefix() {
+  local mode=(--quick)
+  [ "$GPU" = 1 ] && mode=(--device cuda --dtype bf16)
+  timeout "$STEP_LIMIT" $PY benchmarks/bench_shared_prefix.py "${mode[@]}" 2>&1 | tee "$LOGS/prefix.log"
+  [ "${PIPESTATUS[0]}" = 0 ] && ! grep -q "LOSS DIFFERS" "$LOGS/prefix.log"
+}
+
 run_step() {
   local name=$1 start=$SECONDS status detail
   echo "=== $name ($([ "$GPU" = 1 ] && echo GPU || echo CPU) mode) ==="
@@ -226,7 +236,7 @@ run_step() {
 }
 
 case "${1:-all}" in
-  wheel|build|diagnose|compare|test|sanitize|bench) run_step "$1"; status=$? ;;
+  wheel|build|diagnose|compare|test|sanitize|bench|prefix) run_step "$1"; status=$? ;;
   all)
     status=0
     if [ -n "$(find_wheel)" ]; then  # the carried wheel first, then a build here, compared
@@ -238,9 +248,9 @@ case "${1:-all}" in
       status=1
     fi
     if [ "$(installed_from)" = build ]; then
-      for s in test sanitize bench; do run_step "$s" || status=1; done
+      for s in test sanitize bench prefix; do run_step "$s" || status=1; done
     fi ;;
-  *) echo "usage: $0 [wheel|build|diagnose|compare|test|sanitize|bench]" >&2; exit 2 ;;
+  *) echo "usage: $0 [wheel|build|diagnose|compare|test|sanitize|bench|prefix]" >&2; exit 2 ;;
 esac
 $PY tests/gpu/summary.py show || status=1
 exit "$status"

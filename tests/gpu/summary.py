@@ -85,7 +85,7 @@ def add(step: str, result: str, seconds: str, detail: str = "") -> None:
     data["steps"] = [s for s in data["steps"] if s["step"] != step]
     data["steps"].append({"step": step, "result": result, "seconds": round(float(seconds), 1), "detail": detail,
                           "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
-    order = ["build", "test", "sanitize", "bench"]
+    order = ["build", "test", "sanitize", "bench", "prefix"]
     data["steps"].sort(key=lambda s: order.index(s["step"]) if s["step"] in order else len(order))
     _save(p, data)
 
