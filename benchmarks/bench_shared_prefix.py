@@ -26,8 +26,10 @@ On a GPU (``--device cuda``) the systems are ``shared`` (the FlashAttention-varl
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import multiprocessing as mp
+import queue as queue_module
 import resource
 import statistics
 import sys
@@ -195,9 +197,26 @@ def run_one(system, spec, repeats, device="cpu", dtype="fp32"):
     queue = ctx.Queue()
     proc = ctx.Process(target=_run, args=(system, spec, repeats, queue, device, dtype))
     proc.start()
-    out = queue.get()
+    while True:  # a child that dies (an exception, OOM) must fail the run, not leave it waiting forever
+        try:
+            out = queue.get(timeout=1.0)
+            break
+        except queue_module.Empty:
+            if not proc.is_alive():
+                raise RuntimeError(f"{system} on {spec[0]}: its process died (exit code {proc.exitcode}); "
+                                   "the traceback is above")
     proc.join()
     return out
+
+
+def available_systems(systems):
+    """PrefixGrouper is an optional peer (``pip install prefix-grouper==0.0.1.post1``): without it, its rows are
+    left out and the run says so."""
+    if "prefix_grouper" in systems and importlib.util.find_spec("prefix_grouper") is None:
+        print("prefix-grouper is not installed (pip install --no-deps prefix-grouper==0.0.1.post1): its rows are "
+              "left out")
+        return tuple(s for s in systems if s != "prefix_grouper")
+    return systems
 
 
 def main(argv=None):
@@ -212,7 +231,7 @@ def main(argv=None):
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device visible")
     workloads = QUICK if args.quick else WORKLOADS
-    systems = GPU_ORDER if cuda else tuple(SYSTEMS)
+    systems = available_systems(GPU_ORDER if cuda else tuple(SYSTEMS))
     # fp32 losses agree to 1e-4; bf16 / fp16 sum rounding differs with the layout
     tolerance = 1e-4 if args.dtype == "fp32" else 2e-2
     rows = []
