@@ -19,7 +19,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include "context_parallel.hpp"
-#include "cuda_stream.cuh"
+#include "cuda_launch.cuh"
 #include "ops.hpp"
 #include "pack_checks.hpp"
 
@@ -113,8 +113,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cuda(
         out.split.mutable_data_ptr<Label>(), out.labels.mutable_data_ptr<Label>(), out.pos.mutable_data_ptr<int64_t>(),
         out.src.mutable_data_ptr<int64_t>(), out.seg.mutable_data_ptr<int32_t>());
   });
-  const cudaError_t err = cudaGetLastError();
-  STD_TORCH_CHECK(err == cudaSuccess, "packkit::cp_shard: CUDA launch failed: ", cudaGetErrorString(err));
+  check_launch("cp_shard");
   return out.tuple();
 }
 

@@ -33,7 +33,7 @@
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 
-#include "cuda_stream.cuh"
+#include "cuda_launch.cuh"
 #include "ops.hpp"
 #include "pack_checks.hpp"
 
@@ -44,11 +44,6 @@ constexpr int kLayoutThreads = 1024;
 constexpr int kThreads = 256;
 constexpr int kItems = 8;  // positions per thread per tile
 constexpr int64_t kTile = int64_t{kThreads} * kItems;
-
-void check_launch(const char* op) {
-  const cudaError_t err = cudaGetLastError();
-  STD_TORCH_CHECK(err == cudaSuccess, "packkit::", op, ": CUDA launch failed: ", cudaGetErrorString(err));
-}
 
 void check_cuda(const Tensor& t, const char* op, const char* name) {
   STD_TORCH_CHECK(t.is_cuda(), "packkit::", op, ": ", name, " must be a CUDA tensor here");

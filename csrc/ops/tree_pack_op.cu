@@ -17,7 +17,7 @@
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 
-#include "cuda_stream.cuh"
+#include "cuda_launch.cuh"
 #include "ops.hpp"
 #include "pack_checks.hpp"
 #include "tree_pack.hpp"
@@ -92,8 +92,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> tree_pack_cuda(
         out.labels.mutable_data_ptr<Label>(), out.pos.mutable_data_ptr<int64_t>(), out.node.mutable_data_ptr<int32_t>(),
         out.end.mutable_data_ptr<int32_t>(), out.cu.mutable_data_ptr<int32_t>());
   });
-  const cudaError_t err = cudaGetLastError();
-  STD_TORCH_CHECK(err == cudaSuccess, "packkit::tree_pack: CUDA launch failed: ", cudaGetErrorString(err));
+  check_launch("tree_pack");
   return out.tuple();
 }
 
