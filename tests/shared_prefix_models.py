@@ -1,5 +1,5 @@
 """Tiny random-init HF models in fp64 end to end and per-sample references, shared by the shared-prefix tests
-(tests/test_shared_prefix_model.py, _rollouts.py, _verl.py).
+(tests/test_shared_prefix_model.py, _rollouts.py, _verl.py) and tests/test_rl_semantics.py.
 
 transformers' RMSNorm computes in fp32 even in an fp64 model, which caps agreement at ~1e-7 (REFERENCE §12):
 :func:`fp64_norms` makes it compute in the input dtype, so two correct computations agree to ~1e-15.
@@ -75,6 +75,7 @@ def grpo_rollouts(num_groups=3, group_size=3, seed=0):
 
 
 def per_sample_rollouts(model, ids, mask):
+    """[B, RESPONSE]: each rollout alone, unpadded; log-prob of response token t given everything before it."""
     out = torch.zeros(ids.shape[0], RESPONSE, dtype=torch.float64)
     for b in range(ids.shape[0]):
         cols = torch.nonzero(mask[b]).flatten()

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from packkit import rl
+from shared_prefix_models import PROMPT, RESPONSE, VOCAB, per_sample_rollouts
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB, PROMPT, RESPONSE = 61, 8, 10
 REL = 1e-10
 
 
@@ -37,20 +37,6 @@ def rollouts(batch=10, seed=0):
         mask[b, PROMPT - p:PROMPT + r] = 1
     advantages = torch.randn(batch, generator=g, dtype=torch.float64)
     return ids * mask, mask, advantages
-
-
-def per_sample_logprobs(model, ids, mask):
-    """[B, RESPONSE]: each rollout alone, unpadded; log-prob of response token t given everything before it."""
-    out = torch.zeros(ids.shape[0], RESPONSE, dtype=torch.float64)
-    for b in range(ids.shape[0]):
-        cols = torch.nonzero(mask[b]).flatten()
-        seq = ids[b, cols].unsqueeze(0)
-        logits = model(input_ids=seq, use_cache=False).logits[0]
-        logp = torch.log_softmax(logits[:-1], -1).gather(1, seq[0, 1:, None])[:, 0]
-        full = torch.zeros(PROMPT + RESPONSE, dtype=torch.float64)
-        full[cols[1:]] = logp  # log-prob of token at column c
-        out = out.index_put((torch.tensor([b]),), full[PROMPT:].unsqueeze(0))
-    return out
 
 
 def packed_logprobs(model, ids, mask, indices, layout, restart=True):
@@ -83,7 +69,7 @@ def test_packed_rollout_logprobs_and_grpo_gradients(kind):
     assert len(parts) >= 3  # several micro-batches, each packing several rollouts
 
     model.zero_grad()
-    ref = per_sample_logprobs(model, ids, mask)
+    ref = per_sample_rollouts(model, ids, mask)
     grpo_loss_terms(ref, mask, adv, total).backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
 

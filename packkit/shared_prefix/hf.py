@@ -22,12 +22,11 @@ NAME = "packkit_shared_prefix"
 _ATTENTION_LAYERS = {"full_attention", "sliding_attention", "attention", "global", "local", "chunked_attention"}
 _RECURRENT_MODELS = ("mamba", "jamba", "falcon_h1", "qwen3_next", "bamba", "zamba", "nemotron_h", "granitemoehybrid",
                      "lfm2", "recurrent_gemma", "rwkv", "minimax", "xlstm", "olmo_hybrid", "kimi_linear")
-_checked: set = set()
 
 
 def _check_model(module: torch.nn.Module) -> None:
     config = getattr(module, "config", None)
-    if config is None or id(config) in _checked:
+    if config is None:
         return
     model_type = str(getattr(config, "model_type", ""))
     layer_types = getattr(config, "layer_types", None) or []
@@ -36,7 +35,6 @@ def _check_model(module: torch.nn.Module) -> None:
         raise ValueError(f"shared-prefix attention cannot be exact for {model_type or 'this model'}: it has "
                          f"recurrent / linear-attention layers ({', '.join(other) or model_type}) whose state would "
                          "flow from one branch into the next; pack these sequences without sharing")
-    _checked.add(id(config))
 
 
 def shared_prefix_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,

@@ -81,13 +81,12 @@ def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, g
         raise ValueError(f"row {r}'s valid tokens do not cross column prompt_length={prompt_length}: rollouts must be a "
                          "left-padded prompt followed by a right-padded response")
     # Groups in order of first appearance; the first row of a group holds the prompt everyone shares.
-    group_of = keys[rows]
-    _, first_pos = np.unique(group_of, return_index=True)
+    _, first_pos, group_of = np.unique(keys[rows], return_index=True, return_inverse=True)
     order = np.argsort(first_pos, kind="stable")
-    group_first = np.sort(first_pos)  # position in rows of each group's first row, in appearance order
+    group_first = first_pos[order]  # position in rows of each group's first row, in appearance order
     group_rank = np.empty(len(order), np.int64)
     group_rank[order] = np.arange(len(order))
-    rank_of_row = group_rank[np.searchsorted(np.unique(group_of), group_of)]
+    rank_of_row = group_rank[group_of.reshape(-1)]
     prompt_len = prompt_length - start
     first_row = group_first[rank_of_row]
     bad = np.flatnonzero(prompt_len != prompt_len[first_row])
@@ -147,8 +146,8 @@ def rollout_logprobs(logits: torch.Tensor, info: RolloutGroupsInfo, *, temperatu
     result: CompletionLogprobs = completion_logprobs(logits, info.info, temperature=temperature)
     width = info.response_width
     out = result.padded.new_zeros((len(info.rows), width))
-    got = result.padded[torch.from_numpy(info.seq_of_row).to(result.padded.device)]
-    mask = result.mask[torch.from_numpy(info.seq_of_row).to(result.padded.device)]
+    seq = torch.from_numpy(info.seq_of_row).to(result.padded.device)
+    got, mask = result.padded[seq], result.mask[seq]
     n = min(width, got.shape[1])
     if n == 0:
         return out
