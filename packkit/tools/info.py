@@ -124,16 +124,17 @@ def build_record() -> dict:
             modules[f.name] = {"error": str(e)}
             continue
         static = [lib for lib in SHARED_RUNTIME if lib not in elf.needed]
-        modules[f.name] = {"comment": elf.comment, "needed": elf.needed, "runpath": elf.runpath,
+        modules[f.name] = {"comment": elf.comment, "needed": elf.needed, "runpath": elf.runpath, "versions": elf.versions,
                            "cxx_runtime": "shared" if not static else "NOT shared: links " + ", ".join(static)
                            + " statically (or not at all)"}
     record["modules"] = modules
     return record
 
 
-def wheel_record() -> dict:
+def wheel_record(modules: dict) -> dict:
     """The installed wheel's tag (its dist-info WHEEL file), the newest glibc / libstdc++ symbol versions its
-    compiled modules need (read from their ELF files) and the glibc this machine runs."""
+    compiled modules need (``modules``: :func:`build_record`'s, read from their ELF files) and the glibc this
+    machine runs."""
     tags = []
     try:
         wheel = importlib.metadata.distribution("packkit").read_text("WHEEL") or ""
@@ -141,12 +142,9 @@ def wheel_record() -> dict:
     except importlib.metadata.PackageNotFoundError:
         pass
     versions: dict[str, list[str]] = {}
-    for f in sorted(_package_dir().glob("*.so")):
-        try:
-            for lib, names in read_elf(f).versions.items():
-                versions.setdefault(lib, []).extend(names)
-        except (OSError, ValueError):
-            continue
+    for m in modules.values():
+        for lib, names in m.get("versions", {}).items():
+            versions.setdefault(lib, []).extend(names)
     libc, libc_version = platform.libc_ver()
     return {"tags": tags, "needs": newest_versions(versions), "libc": f"{libc} {libc_version}".strip() or "unknown"}
 
@@ -186,7 +184,8 @@ def run_selfcheck(backend: str, crash_control: bool = False, timeout: float = CH
 
 
 def collect(selfcheck: bool = True, crash_control: bool = False) -> dict:
-    doc = {"environment": environment(), "backends": backends(), "build": build_record(), "wheel": wheel_record()}
+    doc = {"environment": environment(), "backends": backends(), "build": build_record()}
+    doc["wheel"] = wheel_record(doc["build"]["modules"])
     # After the op libraries are loaded: the C++ runtime these modules really use in this process.
     doc["loaded_runtime"] = mapped_libraries("libstdc++", "libgcc_s")
     problems = []
