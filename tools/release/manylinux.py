@@ -22,12 +22,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the limits check_abi_symbols.py checks against
+from check_abi_symbols import MANYLINUX, key  # noqa: E402
+
 NEVER_SHIPPED = re.compile(r"^(libtorch(_cpu|_cuda|_python)?|libc10(_cuda)?|libcuda|libcudart)\.so(\.\d+)*$")
 OLDEST = (2, 28)  # torch's own wheels: manylinux_2_28
 TAG = re.compile(r"^manylinux_(\d+)_(\d+)_x86_64$")
-# The newest symbol version each manylinux platform provides (auditwheel's policy file, x86_64).
-LIMITS = {(2, 28): {"GLIBC": "2.28", "GLIBCXX": "3.4.24", "CXXABI": "1.3.11"},
-          (2, 31): {"GLIBC": "2.31", "GLIBCXX": "3.4.28", "CXXABI": "1.3.12"}}
 
 
 def version(tag: str) -> tuple[int, int]:
@@ -37,19 +37,20 @@ def version(tag: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def numeric(v: str) -> tuple:
-    return tuple(int(x) for x in v.split(".")) if re.fullmatch(r"[\d.]+", v) else ()
-
-
 def too_new(versioned: dict, limit: tuple[int, int]) -> list[str]:
-    limits = LIMITS.get(limit, {})
+    """``lib: SYMBOL_VERSION`` of every needed version newer than what manylinux ``limit`` provides."""
+    limits = MANYLINUX.get(limit, {})
     bad = []
     for lib, names in versioned.items():
         for name in names:
             family, _, number = name.partition("_")
-            if family in limits and numeric(number) > numeric(limits[family]):
+            if family in limits and re.fullmatch(r"[\d.]+", number) and key(number) > key(limits[family]):
                 bad.append(f"{lib}: {name}")
     return sorted(bad)
+
+
+def _sortable(number: str) -> tuple:
+    return key(number) if re.fullmatch(r"[\d.]+", number) else ()
 
 
 def main(argv=None) -> int:
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     newest = version(args.newest)
     tag_version = max(needed, OLDEST)
     print(f"{args.wheel.name}: symbols need {report['sym_tag']} (newest versions: "
-          + ", ".join(f"{lib} {max(v, key=lambda s: numeric(s.partition('_')[2]))}"
+          + ", ".join(f"{lib} {max(v, key=lambda s: _sortable(s.partition('_')[2]))}"
                       for lib, v in sorted(report["versioned_symbols"].items()))
           + ")", file=sys.stderr)
     if needed > newest:
