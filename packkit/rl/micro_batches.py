@@ -199,6 +199,8 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
     lengths = as_lengths(lengths)
     max_tokens = _count(max_tokens, "max_tokens")
     dp_size = _count(dp_size, "dp_size")
+    if not isinstance(equal_count, (bool, np.bool_)):
+        raise TypeError(f"equal_count must be True or False, got {equal_count!r}")
     n = len(lengths)
     if (lengths < 0).any():
         i = int(np.flatnonzero(lengths < 0)[0])

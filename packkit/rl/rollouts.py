@@ -41,21 +41,42 @@ class RolloutInfo(NamedTuple):
     status: Optional[torch.Tensor]  # device 0-d int32: 0, or rows whose mask is not the layout's run
 
 
+def _check_mask_tensor(attention_mask) -> None:
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        raise TypeError(f"attention_mask must be a [batch, seq_len] tensor of 0/1 (bool or integer), got "
+                        f"{type(attention_mask).__name__}"
+                        f"{' of shape ' + str(tuple(attention_mask.shape)) if isinstance(attention_mask, torch.Tensor) else ''}")
+    if attention_mask.is_complex():
+        raise TypeError(f"attention_mask must hold 0/1 (bool, integer or float), got dtype {attention_mask.dtype}")
+
+
+def _not_binary(mask: torch.Tensor) -> torch.Tensor:
+    """bool, same shape: entries other than 0 and 1 (a mask of 2 or 0.5 is not a rollout mask)."""
+    if mask.dtype == torch.bool:
+        return torch.zeros_like(mask)
+    return (mask != 0) & (mask != 1)
+
+
 def rollout_layout(attention_mask: torch.Tensor) -> RolloutLayout:
     """Each row's run of valid tokens, with one device-to-host copy. Raises ValueError naming the rows whose
-    mask is not a single run (verl rollouts are left-padded prompt + right-padded response)."""
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
-        raise TypeError("attention_mask must be a [batch, seq_len] tensor")
+    mask is not a single run (verl rollouts are left-padded prompt + right-padded response) or holds a value
+    other than 0 and 1."""
+    _check_mask_tensor(attention_mask)
     b, s = attention_mask.shape
     m = attention_mask != 0
     count = m.sum(1, dtype=torch.int64)
     first = m.to(torch.int8).argmax(1) if s else torch.zeros(b, dtype=torch.int64, device=m.device)
     last = (s - 1) - m.flip(1).to(torch.int8).argmax(1) if s else first
     broken = ((count > 0) & (last - first + 1 != count)).to(torch.int64)
-    host = torch.cat((first, count, broken.sum().reshape(1))).cpu().numpy()  # the one synchronisation
+    odd = _not_binary(attention_mask).any(1).to(torch.int64)
+    host = torch.cat((first, count, broken.sum().reshape(1), odd.sum().reshape(1))).cpu().numpy()  # the one sync
     start, length = host[:b].copy(), host[b:2 * b].copy()
     start[length == 0] = 0
     if host[-1]:
+        rows = np.flatnonzero(odd.cpu().numpy())
+        raise ValueError(f"{len(rows)} rows of attention_mask hold a value other than 0 and 1 (first: row "
+                         f"{int(rows[0])}); a rollout mask is 1 at valid tokens and 0 at padding")
+    if host[-2]:
         rows = np.flatnonzero(broken.cpu().numpy())
         raise ValueError(f"{len(rows)} rows of attention_mask are not one run of valid tokens (first: row "
                          f"{int(rows[0])}); rollouts must be a left-padded prompt followed by a right-padded response")
@@ -90,9 +111,10 @@ def pack_rollouts(input_ids: torch.Tensor, attention_mask: torch.Tensor, indices
         layout: :func:`rollout_layout` of ``attention_mask``, computed once per global batch and shared by
             every micro-batch and pass (zero host syncs here). Without it, it is computed (one sync).
         row_len: static packed length (CUDA graphs, torch.compile): the tail is one padding segment.
-        check: with a given ``layout``, also compare the rows' masks with it on the device, without a sync:
-            ``info.status`` is a 0-d int32 tensor, 0 when every row matches (read it at a natural sync, or
-            call :func:`check_rollouts`). Without ``layout`` the check is done on the host, raising.
+        check: with a given ``layout``, also check the rows on the device, without a sync: each mask is the
+            layout's run and holds only 0/1, and no valid token id is negative. ``info.status`` is a 0-d int32
+            tensor, 0 when every row is right (read it at a natural sync, or call :func:`check_rollouts`).
+            Without ``layout`` the same check runs and raises here (that call synchronises anyway).
         backend: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"triton"`` (as :func:`packkit.pack_sequences`).
 
     Returns ``(batch, info)``: ``batch`` = ``{input_ids [1, T], position_ids [1, T] (restarting at
@@ -101,15 +123,19 @@ def pack_rollouts(input_ids: torch.Tensor, attention_mask: torch.Tensor, indices
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise TypeError("input_ids must be a [batch, seq_len] tensor")
+    if input_ids.dtype.is_floating_point or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    _check_mask_tensor(attention_mask)
     if tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise ValueError(f"attention_mask {tuple(attention_mask.shape)} and input_ids {tuple(input_ids.shape)} differ")
     if attention_mask.device != input_ids.device:
         raise ValueError("attention_mask and input_ids are on different devices")
     batch, seq_len = input_ids.shape
     status = None
+    checked_here = layout is None
     if layout is None:
         layout = rollout_layout(attention_mask)
-        check = False
+        check = True
     elif not isinstance(layout, RolloutLayout) or len(layout.start) != batch or layout.seq_len != seq_len:
         raise ValueError("layout must be packkit.rl.rollout_layout(attention_mask) of this batch")
     idx = _indices(indices, batch)
@@ -141,28 +167,36 @@ def pack_rollouts(input_ids: torch.Tensor, attention_mask: torch.Tensor, indices
         shape.row_len, True, shape.num_cu_seqlens, 0, -100, False, int(position_ids_start))
     cu_seg = _op("layout", which)(seg_length, bin_offsets, 1, shape.row_len, True, shape.num_cu_seqlens)[1]
     if check:
-        status = _mask_status(attention_mask, plan, idx, layout, device)
+        status = _mask_status(attention_mask, input_ids, idx, layout, device)
+        if checked_here and int(status):  # no layout given: this call synchronises anyway, so it raises now
+            raise ValueError(f"{int(status)} rows of this micro-batch hold a negative token id at a valid position; "
+                             "input_ids must be token ids >= 0")
     out = {"input_ids": ids.unsqueeze(0), "position_ids": pos.unsqueeze(0), "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
            "max_length_q": shape.max_seqlen, "max_length_k": shape.max_seqlen}
     return out, RolloutInfo(shape, idx, seq_len, local_seq, seg_start, cu, cu_seg, status)
 
 
-def _mask_status(attention_mask, plan, idx, layout, device):
-    """0-d int32 on the device: how many of the rows ``idx`` have a mask other than the layout's run (no sync)."""
+def _mask_status(attention_mask, input_ids, idx, layout, device):
+    """0-d int32 on the device: how many of the rows ``idx`` have a mask other than the layout's run, a mask value
+    other than 0/1, or a negative token id at a valid position (no sync)."""
     meta = np.stack((idx, layout.start[idx], layout.length[idx]))
     meta = to_device(host_tensor(np.ascontiguousarray(meta)), device)
     cols = torch.arange(layout.seq_len, device=device)
     start, length = meta[1].unsqueeze(1), meta[2].unsqueeze(1)
     expect = (cols >= start) & (cols < start + length)
-    got = attention_mask.index_select(0, meta[0]) != 0
-    return (got != expect).any(1).sum(dtype=torch.int32)
+    raw = attention_mask.index_select(0, meta[0])
+    bad = (raw != 0) != expect
+    bad |= _not_binary(raw)
+    bad |= expect & (input_ids.index_select(0, meta[0]) < 0)
+    return bad.any(1).sum(dtype=torch.int32)
 
 
 def check_rollouts(info: RolloutInfo) -> None:
     """Read ``info.status`` (one sync) and raise ValueError if a row's mask did not match the layout."""
     if info.status is not None and int(info.status):
         raise ValueError(f"{int(info.status)} rows of this micro-batch have an attention_mask that is not the run "
-                         "rollout_layout recorded (the mask changed, or the layout is of another batch)")
+                         "rollout_layout recorded (the mask changed, or the layout is of another batch), a mask value "
+                         "other than 0 and 1, or a negative token id at a valid position")
 
 
 def unpack_rollouts(values: torch.Tensor, info: RolloutInfo, *, fill: float = 0.0, backend: str = "auto"):
