@@ -120,8 +120,35 @@ def _checked_offsets(name: str, column, row_offset: int) -> np.ndarray:
     return offsets
 
 
+def _check_token_ids(col: TokenColumn, row_offset: int) -> None:
+    """input_ids must be token ids >= 0: a negative id only fails later, in the model's embedding."""
+    if np.dtype(col.values.dtype if col.values is not None else np.int64).kind == "b":
+        return
+    if col.values is not None:
+        values = col.values[int(col.offsets[0]):int(col.offsets[-1])] if len(col.offsets) else col.values[:0]
+        negative = np.flatnonzero(values < 0) if values.dtype.kind == "i" else ()
+        first = int(negative[0]) + int(col.offsets[0]) if len(negative) else None
+        offsets = col.offsets
+    else:
+        first, offsets = None, None
+        for chunk in col.chunks:
+            lo, hi = int(chunk.offsets[0].as_py()), int(chunk.offsets[-1].as_py())
+            values = chunk.values.slice(lo, hi - lo).to_numpy(zero_copy_only=False)
+            negative = np.flatnonzero(values < 0) if values.dtype.kind == "i" else ()
+            if len(negative):
+                first, offsets = int(negative[0]) + lo, chunk.offsets.to_numpy().astype(np.int64)
+                row_offset += int(col.row_starts[col.chunks.index(chunk)])
+                break
+    if first is not None:
+        row = int(np.searchsorted(offsets, first, side="right")) - 1
+        raise ValueError(f"column 'input_ids', row {row + row_offset} holds a negative token id; input_ids must be "
+                         "token ids >= 0 (mask targets with -100 in labels, not in input_ids)")
+
+
 def check_row_lengths(columns: Sequence[TokenColumn], *, row_offset: int = 0) -> np.ndarray:
-    """int64 lengths of input_ids (``columns[0]``); ValueError naming row and column where another disagrees."""
+    """int64 lengths of input_ids (``columns[0]``); ValueError naming row and column where another disagrees,
+    or the row of a negative token id."""
+    _check_token_ids(columns[0], row_offset)
     lengths = np.diff(columns[0].offsets)
     for col in columns[1:]:
         other = np.diff(col.offsets)

@@ -4,12 +4,13 @@ Shared by the ``datasets.Dataset`` path (:mod:`.hf_datasets`) and the Ray Data p
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
-from ..planning.planner import CostSpec, Plan, Segments, plan as make_plan
+from ..planning.planner import CostSpec, Plan, Segments, _cost_model, check_plan_choices, plan as make_plan
 
 
 @dataclass
@@ -83,3 +84,16 @@ def plan_rows(lengths: np.ndarray, seq_length: int, *, algorithm: Optional[str],
     take = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(offsets[order] - new_offsets[:-1], new_counts)
     segments = Segments(seq[take], start[take], length[take], new_offsets)
     return p, segments, int(p.num_bins - len(order))
+
+
+def check_options(algorithm, overlong, cost, seed, position_ids) -> bool:
+    """Validate pack_dataset's options before any work (a Ray pass over the data, say); returns ``position_ids``."""
+    check_plan_choices("obfd" if algorithm is None else algorithm, overlong)
+    _cost_model(cost)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be None or an int >= 0, got {seed!r}")
+    if seed is not None and seed < 0:
+        raise ValueError(f"seed must be None or an int >= 0, got {seed}")
+    if not isinstance(position_ids, (bool, np.bool_)):
+        raise TypeError(f"position_ids must be True or False, got {position_ids!r}")
+    return bool(position_ids)

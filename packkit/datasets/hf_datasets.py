@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..planning.planner import CostSpec, _as_count
-from .global_plan import PackReport, plan_rows, report_from_plan
+from .global_plan import PackReport, check_options, plan_rows, report_from_plan
 
 
 def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, overlong: str = "error",
@@ -55,6 +55,7 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
     prefix ``"packkit.pack_dataset: "``. Zero-length rows hold no tokens and are in no output row
     (counted in ``zero_length``).
     """
+    position_ids = check_options(algorithm, overlong, cost, seed, position_ids)
     if type(dataset).__module__.startswith("ray.data"):
         from .ray_data import pack_ray_dataset
 

@@ -22,7 +22,7 @@ import numpy as np
 from .arrow_packing import (MAX_CHUNK_TOKENS, TokenColumn, check_row_lengths, pack_table, pack_values, select_columns,
                             token_column)
 from ..planning.planner import CostSpec, Segments, _as_count
-from .global_plan import plan_rows, report_from_plan
+from .global_plan import check_options, plan_rows, report_from_plan
 
 logger = logging.getLogger("packkit")
 
@@ -88,6 +88,7 @@ def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = Non
 
     seq_length = _as_count(seq_length, "seq_length")
     dp_size = _as_count(dp_size, "dp_size")
+    position_ids = check_options(algorithm, overlong, cost, seed, position_ids)
     names = select_columns(dataset.schema().names, columns)
     excluded = [c for c in dataset.schema().names if c not in names]
     refs = dataset.select_columns(names).to_arrow_refs()

@@ -77,6 +77,8 @@ class MicroBatches:
 
     def rank(self, r: int) -> list:
         """Rank ``r``'s micro-batches (a list of int64 index arrays)."""
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= r < self.dp_size:
+            raise ValueError(f"rank must be an int in [0, {self.dp_size}) (dp_size={self.dp_size}), got {r!r}")
         return self.indices[r]
 
     def __repr__(self):
@@ -215,7 +217,9 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
     minimum = 1 if min_micro_batches is None else _count(min_micro_batches, "min_micro_batches")
     divisor = 1 if divisible_by is None else _count(divisible_by, "divisible_by")
     costs, spec = item_costs(lengths, cost)
-    total = int(lengths.sum())
+    total = int(lengths.sum(dtype=object)) if n else 0  # Python ints: int64 sums of huge lengths would wrap
+    if total > 2**63 - 1:
+        raise ValueError(f"the rollouts hold {total:,} tokens in all, more than 2^63 - 1")
     token_bound = -(-total // max_tokens)
 
     def rounded(k):

@@ -10,6 +10,8 @@ whose sequence ``b`` starts at ``b * S`` -- no new kernel, no ``nonzero``, no ou
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -131,6 +133,11 @@ def pack_rollouts(input_ids: torch.Tensor, attention_mask: torch.Tensor, indices
     if attention_mask.device != input_ids.device:
         raise ValueError("attention_mask and input_ids are on different devices")
     batch, seq_len = input_ids.shape
+    if isinstance(position_ids_start, bool) or not isinstance(position_ids_start, numbers.Integral) \
+            or position_ids_start < 0:
+        raise ValueError(f"position_ids_start must be an int >= 0, got {position_ids_start!r}")
+    if not isinstance(check, (bool, np.bool_)):
+        raise TypeError(f"check must be True or False, got {check!r}")
     status = None
     checked_here = layout is None
     if layout is None:
@@ -203,6 +210,11 @@ def unpack_rollouts(values: torch.Tensor, info: RolloutInfo, *, fill: float = 0.
     """Per-token outputs of a packed micro-batch (log-probs, entropy, values; any trailing dims), ``[1, T, *]`` or
     ``[T, *]``, back to ``[len(indices), S, *]`` in ``indices`` order (as verl's ``batch[idx]``), ``fill`` at
     padding. Sync-free."""
+    if not isinstance(info, RolloutInfo):
+        raise TypeError(f"info must be the RolloutInfo that pack_rollouts returned, got {type(info).__name__}")
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"values must be a tensor of per-token outputs, got {type(values).__name__}")
+    fill = _check_fill(fill, values.dtype)
     shape = info.layout
     if values.dim() >= 2 and values.shape[0] == 1 and values.shape[1] == shape.row_len:
         values = values[0]
@@ -212,7 +224,22 @@ def unpack_rollouts(values: torch.Tensor, info: RolloutInfo, *, fill: float = 0.
     if values.device != info.cu_seqlens.device:
         raise ValueError(f"values are on {values.device} but the micro-batch was packed on {info.cu_seqlens.device}")
     which = _backend_for(values.device, backend)
-    return _Unpack.apply(values.contiguous(), info, float(fill), which)
+    return _Unpack.apply(values.contiguous(), info, fill, which)
+
+
+def _check_fill(fill, dtype: torch.dtype):
+    """``fill`` as a value ``dtype`` holds exactly (0.5 in an integer tensor would be silently changed)."""
+    if isinstance(fill, (bool, np.bool_)) or not isinstance(fill, numbers.Real):
+        raise TypeError(f"fill must be a real number, got {type(fill).__name__} {fill!r}")
+    if dtype == torch.bool:
+        if fill not in (0, 1):
+            raise ValueError(f"fill={fill!r} is not a bool value (0 or 1) of these {dtype} values")
+    elif not dtype.is_floating_point and not dtype.is_complex:
+        info = torch.iinfo(dtype)
+        if not (math.isfinite(fill) and float(fill).is_integer() and info.min <= int(fill) <= info.max):
+            raise ValueError(f"fill={fill!r} cannot be held by these {dtype} values (integers in [{info.min}, "
+                             f"{info.max}])")
+    return float(fill)
 
 
 class _Unpack(torch.autograd.Function):
