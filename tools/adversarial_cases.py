@@ -1,0 +1,95 @@
+"""The cases of the adversarial pass (tools/adversarial_pass.py): one per input a user gets wrong, each with the
+error it must raise (a regex on the message) or the check its result must pass. Grouped by API; add one for
+every finding."""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+import torch
+
+import packkit
+from packkit import rl
+
+
+class Case(NamedTuple):
+    api: str
+    name: str
+    call: Callable
+    match: Optional[str]  # regex the error message must match; None: the call must succeed
+    check: Optional[Callable] = None  # for a call that must succeed: a predicate on its result
+
+
+CASES: list = []
+
+
+def refuses(api: str, name: str, match: str):
+    def add(fn):
+        CASES.append(Case(api, name, fn, match))
+        return fn
+    return add
+
+
+def accepts(api: str, name: str, check: Optional[Callable] = None):
+    def add(fn):
+        CASES.append(Case(api, name, fn, None, check))
+        return fn
+    return add
+
+
+# -- packkit.plan ---------------------------------------------------------------------------------------------------
+refuses("plan", "float lengths", "lengths must be integers")(lambda: packkit.plan([1.5, 2], 10))
+refuses("plan", "cost as a numpy array", "cost must be")(lambda: packkit.plan([1, 2, 3], 10, dp_size=2,
+                                                                            cost=np.array([1, 2])))
+refuses("plan", "dp_size 2**40", "dp_size must be in")(lambda: packkit.plan([1, 2], 10, dp_size=2**40))
+refuses("plan", "cost (nan, 1)", "must be finite")(lambda: packkit.plan([1, 2], 10, dp_size=2,
+                                                                        cost=(float("nan"), 1)))
+
+
+# -- packkit.rl -----------------------------------------------------------------------------------------------------
+def _rollouts():
+    ids = torch.arange(1, 13).reshape(3, 4)
+    mask = torch.tensor([[1, 1, 1, 0], [0, 1, 1, 0], [1, 1, 1, 1]])
+    return ids, mask
+
+
+refuses("rl.pack_rollouts", "attention_mask holding 2", "other than 0 and 1")(
+    lambda: rl.pack_rollouts(_rollouts()[0], _rollouts()[1] * 2, [0, 1, 2]))
+refuses("rl.pack_rollouts", "attention_mask holding 0.5", "other than 0 and 1")(
+    lambda: rl.pack_rollouts(_rollouts()[0], _rollouts()[1] * 0.5, [0, 1, 2]))
+refuses("rl.pack_rollouts", "attention_mask as a list", "attention_mask must be a")(
+    lambda: rl.pack_rollouts(_rollouts()[0], _rollouts()[1].tolist(), [0]))
+refuses("rl.pack_rollouts", "float input_ids", "integer token ids")(
+    lambda: rl.pack_rollouts(_rollouts()[0].float(), _rollouts()[1], [0]))
+refuses("rl.pack_rollouts", "negative token id", "negative token id")(
+    lambda: rl.pack_rollouts(-_rollouts()[0], _rollouts()[1], [0, 1]))
+refuses("rl.pack_rollouts", "position_ids_start=-5", "position_ids_start")(
+    lambda: rl.pack_rollouts(*_rollouts(), [0], position_ids_start=-5))
+refuses("rl.unpack_rollouts", "values as a list", "values must be a tensor")(
+    lambda: rl.unpack_rollouts([0.0] * 10, rl.pack_rollouts(*_rollouts(), [0, 1, 2])[1]))
+refuses("rl.unpack_rollouts", "fill=0.5 into int64 values", "cannot be held")(
+    lambda: rl.unpack_rollouts(torch.zeros(10, dtype=torch.int64), rl.pack_rollouts(*_rollouts(), [0, 1, 2])[1],
+                               fill=0.5))
+refuses("rl.micro_batches", "equal_count='yes'", "equal_count must be True or False")(
+    lambda: rl.micro_batches([3, 4], 10, 2, equal_count="yes"))
+refuses("rl.micro_batches", "lengths summing past int64", "more than 2\\^63 - 1")(
+    lambda: rl.micro_batches([2**62, 2**62], 2**63 - 1, 2))
+refuses("rl.MicroBatches.rank", "rank out of range", "rank must be an int in")(
+    lambda: rl.micro_batches([3, 4], 10, 2).rank(5))
+accepts("rl.pack_rollouts", "bool mask", lambda r: r[0]["input_ids"].tolist() == [[1, 2, 3, 6, 7]])(
+    lambda: rl.pack_rollouts(_rollouts()[0], _rollouts()[1].bool(), [0, 1]))
+
+
+# -- packkit.pack_dataset -------------------------------------------------------------------------------------------
+def _dataset(ids=((1, 2, 3), (4, 5), (6, 7, 8, 9))):
+    import datasets
+
+    return datasets.Dataset.from_dict({"input_ids": [list(r) for r in ids]})
+
+
+refuses("pack_dataset", "seed='x'", "seed must be None or an int")(lambda: packkit.pack_dataset(_dataset(), 10,
+                                                                                               seed="x"))
+refuses("pack_dataset", "position_ids='yes'", "position_ids must be True or False")(
+    lambda: packkit.pack_dataset(_dataset(), 10, position_ids="yes"))
+refuses("pack_dataset", "negative token id", "row 1 holds a negative token id")(
+    lambda: packkit.pack_dataset(_dataset(((1, 2), (3, -4))), 10))
