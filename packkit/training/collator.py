@@ -22,6 +22,7 @@ from ..packing.multimodal import mrope_spec
 from ..packing.multimodal.mrope import check_mrope_start
 from ..packing.sequences import check_layout, flatten_sequences, pack_sequences
 from ..planning.planner import check_plan_choices, plan as make_plan
+from .block_masks import document_causal_block_mask, layer_block_masks, model_layer_types
 
 LABEL_MASK_KEYS = ("completion_mask", "assistant_masks")
 
@@ -49,8 +50,13 @@ class PackingCollator:
             ``None`` keeps the first labels as they are.
         position_ids_start: first position id of every sequence (2 for RoBERTa-style models).
         device: pack there (``"cuda"``: pinned host buffers, non-blocking copies, device kernels).
-        return_block_mask: add a FlexAttention document-causal ``BlockMask`` (built from
-            ``seq_idx``) under ``attention_mask``, the key HF's flex-attention path reads it from.
+        return_block_mask: add FlexAttention masks (built from ``seq_idx``) under ``attention_mask``, the key
+            HF's flex-attention path reads them from. transformers uses a given ``BlockMask`` as is on every
+            layer, so pass ``model_config=model.config``: each attention layer type gets its own mask
+            (sliding window, chunks; :func:`packkit.training.block_masks.layer_block_masks`), one ``BlockMask`` or
+            a ``{layer_type: BlockMask}`` mapping. Without it the mask is document-causal and raises ValueError
+            when a windowed layer would use it with a document longer than the window.
+        model_config: the model's config, for ``return_block_mask=True`` (its layer types and windows).
         return_num_items: add ``num_items_in_batch`` (0-d int64 tensor, labels that count in the
             loss) so the loss is normalised by tokens, not by rows; HF models pass it to their loss.
         pad_values, extra_fields: every other feature key is packed or refused, never dropped silently
@@ -88,7 +94,7 @@ class PackingCollator:
                  backend: str = "auto", return_block_mask: bool = False, return_num_items: bool = False,
                  input_key: str = "input_ids", label_key: str = "labels", pad_values: Optional[dict] = None,
                  extra_fields: str = "error", mrope=None, reuse_buffers: bool = False, num_buffers: int = 2,
-                 context_parallel=None):
+                 context_parallel=None, model_config=None):
         check_layout(layout)
         check_plan_choices(algorithm, overlong)
         for name, value in (("capacity", capacity), ("num_rows", num_rows), ("pad_to_multiple_of", pad_to_multiple_of)):
@@ -103,6 +109,11 @@ class PackingCollator:
         self.pad_token_id, self.ignore_index, self.separator_id = pad_token_id, ignore_index, separator_id
         self.position_ids_start, self.device, self.backend = position_ids_start, device, backend
         self.return_block_mask, self.return_num_items = return_block_mask, return_num_items
+        if model_config is not None and not return_block_mask:
+            raise ValueError("model_config= is used for return_block_mask=True only (the masks per layer type)")
+        if model_config is not None:
+            model_layer_types(model_config)  # a config without layer information fails here, not per batch
+        self.model_config = model_config
         self.input_key, self.label_key = input_key, label_key
 
         self.pad_values, self.extra_fields = check_pad_values(pad_values), check_policy(extra_fields)
@@ -191,7 +202,9 @@ class PackingCollator:
         if self.return_block_mask:
             # The mask keeps seq_idx for attention time: a reused buffer would change under it.
             seq_idx = batch["seq_idx"] if self.buffers is None else batch["seq_idx"].clone()
-            batch["attention_mask"] = document_causal_block_mask(seq_idx)
+            batch["attention_mask"] = (layer_block_masks(seq_idx, self.model_config) if self.model_config is not None
+                                       else document_causal_block_mask(
+                                           seq_idx, max_document=int(info.segments.length.max(initial=0))))
         if self.context_parallel is not None:
             cp_size, cp_rank, mode = self.context_parallel
             batch = shard_context_parallel(batch, cp_size, cp_rank, mode, pack_info=info,
@@ -278,18 +291,3 @@ def _num_items(labels: torch.Tensor, lengths, plan, first_label, ignore_index: i
         total = total + len(begin) * int(first_label != ignore_index) - labels[index].ne(ignore_index).sum()
     return total.to(device)
 
-
-def document_causal_block_mask(seq_idx: torch.Tensor, block_size: int = 128):
-    """FlexAttention ``BlockMask``: token q attends to kv iff same segment and kv <= q.
-
-    ``seq_idx`` is ``[B, T]`` (or ``[T]``); padding segments attend only within themselves.
-    """
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    doc = seq_idx if seq_idx.dim() == 2 else seq_idx.unsqueeze(0)
-    batch, length = doc.shape
-
-    def mask_mod(b, h, q, kv):
-        return (doc[b, q] == doc[b, kv]) & (kv <= q)
-
-    return create_block_mask(mask_mod, batch, None, length, length, device=doc.device, BLOCK_SIZE=block_size)
