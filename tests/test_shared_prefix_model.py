@@ -160,7 +160,15 @@ def test_control_positions_restarting_in_a_branch_fail():
     for p in range(len(lay.order)):  # every branch (depth 1) restarts at 0
         if lay.depth[p] == 1:
             pos[0, lay.dst[p]:lay.dst[p] + lay.length[p]] = torch.arange(int(lay.length[p]))
-    logits = model(**{**batch, "position_ids": pos}, use_cache=False).logits
+    with pytest.raises(ValueError, match="position_ids.*not the batch's own"):  # refused: not the packed tensor
+        model(**{**batch, "position_ids": pos}, use_cache=False)
+    with pytest.raises(ValueError, match="position_ids.*not the batch's own"):  # the same tensor, written in place
+        batch["position_ids"].add_(0)
+        model(**batch, use_cache=False)
+    # With the check passed (an attention built for these positions), the comparison itself catches them.
+    attn = batch["shared_prefix"]
+    bad = sp.SharedPrefixAttention(lay, attn.subtree_end, attn.cu_seqlens, attn.node_idx, "dense", position_ids=pos)
+    logits = model(**{**batch, "position_ids": pos, "shared_prefix": bad}, use_cache=False).logits
     assert worst(sp.completion_logprobs(logits, info), reference) > 1e-4
 
 
@@ -178,6 +186,6 @@ def test_control_siblings_seeing_each_other_fail():
             root_end = int(lay.end[p - 1]) if lay.depth[p - 1] == 0 else int(lay.end[np.flatnonzero(
                 (lay.depth[:p] == 0))[-1]])
             leaky[0, lay.dst[p]:lay.dst[p] + lay.length[p]] = root_end
-    bad = sp.SharedPrefixAttention(lay, leaky, attn.cu_seqlens, attn.node_idx, "dense")
+    bad = sp.SharedPrefixAttention(lay, leaky, attn.cu_seqlens, attn.node_idx, "dense", position_ids=batch["position_ids"])
     logits = model(**{**batch, "shared_prefix": bad}, use_cache=False).logits
     assert worst(sp.completion_logprobs(logits, info), reference) > 1e-4

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from typing import Optional
+
 from .layout import TreeLayout
 
 ATTENTION_PATHS = ("auto", "varlen", "flex", "dense")
@@ -19,7 +21,7 @@ class SharedPrefixAttention:
     memory linear in the row); ``"dense"`` (a ``[B, 1, S, S]`` mask) is the reference for small cases."""
 
     def __init__(self, layout: TreeLayout, subtree_end: torch.Tensor, cu_seqlens: torch.Tensor,
-                 node_idx: torch.Tensor, path: str = "auto"):
+                 node_idx: torch.Tensor, path: str = "auto", position_ids: Optional[torch.Tensor] = None):
         if path not in ATTENTION_PATHS:
             raise ValueError(f"unknown attention {path!r}; allowed: {', '.join(ATTENTION_PATHS)}")
         self.layout = layout
@@ -27,6 +29,10 @@ class SharedPrefixAttention:
         self.cu_seqlens = cu_seqlens  # int32: every node and every row's padding tail
         self.node_idx = node_idx
         self.path = path
+        # The batch's packed positions, and their version counter then: the attention checks a call's
+        # position_ids against them by identity (no device read).
+        self.position_ids = position_ids
+        self._positions_version = None if position_ids is None else position_ids._version
         self.max_path = layout.max_path
         self._passes = None
         self._block_mask = None
@@ -35,6 +41,18 @@ class SharedPrefixAttention:
     def __repr__(self) -> str:
         return (f"SharedPrefixAttention(rows={self.layout.num_rows}, row_len={self.layout.row_len}, "
                 f"nodes={len(self.layout.order)}, path={self.path!r})")
+
+    def positions_match(self, position_ids: Optional[torch.Tensor]) -> bool:
+        """Whether ``position_ids`` are this batch's own packed positions, unmodified: the same storage, offset,
+        shape and strides, and no in-place write since packing (host metadata only, no device sync)."""
+        mine = self.position_ids
+        if mine is None or not isinstance(position_ids, torch.Tensor):
+            return False
+        if position_ids is mine:
+            return mine._version == self._positions_version
+        return (position_ids.device == mine.device and position_ids.data_ptr() == mine.data_ptr()
+                and position_ids.shape == mine.shape and position_ids.stride() == mine.stride()
+                and position_ids.dtype == mine.dtype and position_ids._version == self._positions_version)
 
     def choose(self, query: torch.Tensor) -> str:
         if self.path != "auto":
@@ -64,8 +82,10 @@ class SharedPrefixAttention:
             self._dense = dense_tree_mask(self.subtree_end)
         return self._dense
 
-    def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale) -> torch.Tensor:
-        """query ``[B, H, S, D]``, key/value ``[B, H_kv, S, D]`` -> ``[B, S, H, D]``."""
+    def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale, softcap=None,
+                 sink=None) -> torch.Tensor:
+        """query ``[B, H, S, D]``, key/value ``[B, H_kv, S, D]`` -> ``[B, S, H, D]``. ``softcap``: scores become
+        ``softcap * tanh(scores / softcap)``; ``sink`` ``[H]``: a per-head sink logit in every row's softmax."""
         batch, heads, length, dim = query.shape
         if (batch, length) != tuple(self.subtree_end.shape):
             raise ValueError(f"the shared-prefix batch is {tuple(self.subtree_end.shape)} tokens but the attention "
@@ -75,23 +95,24 @@ class SharedPrefixAttention:
         if path == "flex":
             from .attention.masks import flex_tree_attention
 
-            if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:
+            if query.device.type == "cpu" and torch.is_grad_enabled() and (
+                    query.requires_grad or (sink is not None and sink.requires_grad)):
                 raise ValueError("FlexAttention has no backward on the CPU (torch raises NotImplementedError); use "
                                  "attention='varlen' (the exact two-pass math) or 'dense' for training on the CPU, "
                                  "or run under torch.no_grad()")
 
-            return flex_tree_attention(query, key, value, self.block_mask(), scale).transpose(1, 2)
+            return flex_tree_attention(query, key, value, self.block_mask(), scale, softcap, sink).transpose(1, 2)
         if key.shape[1] != heads:  # grouped-query attention: each query head gets its key/value head
             key = key.repeat_interleave(heads // key.shape[1], dim=1)
             value = value.repeat_interleave(heads // value.shape[1], dim=1)
         if path == "dense":
-            out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=self.dense_mask(),
-                                                                   scale=scale)
-            return out.transpose(1, 2)
+            from .attention.masks import dense_tree_attention
+
+            return dense_tree_attention(query, key, value, self.dense_mask(), scale, softcap, sink).transpose(1, 2)
         from .attention.two_pass import two_pass_attention
 
         q = query.transpose(1, 2).reshape(batch * length, heads, dim)
         k = key.transpose(1, 2).reshape(batch * length, heads, dim)
         v = value.transpose(1, 2).reshape(batch * length, heads, value.shape[-1])
-        out = two_pass_attention(q, k, v, self.passes(query.device), scale)
+        out = two_pass_attention(q, k, v, self.passes(query.device), scale, softcap, sink)
         return out.reshape(batch, length, heads, out.shape[-1])

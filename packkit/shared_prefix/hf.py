@@ -7,7 +7,10 @@
 
 The model passes ``batch["shared_prefix"]`` through to every attention layer. transformers builds no mask for
 a registered implementation it does not know, so no ``[S, S]`` mask is ever made unless the dense path asks.
-What cannot be exact is refused with an error naming the cause.
+Every keyword argument the model passes is implemented or refused by name (``packkit.training.attention_args``):
+``scaling``, ``softcap`` (Gemma 2) and ``s_aux`` (GPT-OSS sinks) are implemented on every path; a sliding window
+at least the longest tree path has no effect and is accepted, a shorter one refused; dropout, a KV cache,
+non-causal layers, a user ``attention_mask`` and positions other than the batch's own are refused.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from ..training.attention_args import refusal, refuse_common, refuse_unknown, register
 from .attention_meta import SharedPrefixAttention
 
 NAME = "packkit_shared_prefix"
@@ -22,6 +26,7 @@ NAME = "packkit_shared_prefix"
 _ATTENTION_LAYERS = {"full_attention", "sliding_attention", "attention", "global", "local", "chunked_attention"}
 _RECURRENT_MODELS = ("mamba", "jamba", "falcon_h1", "qwen3_next", "bamba", "zamba", "nemotron_h", "granitemoehybrid",
                      "lfm2", "recurrent_gemma", "rwkv", "minimax", "xlstm", "olmo_hybrid", "kimi_linear")
+_FLAT_BATCH = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
 def _check_model(module: torch.nn.Module) -> None:
@@ -39,9 +44,17 @@ def _check_model(module: torch.nn.Module) -> None:
 
 def shared_prefix_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                     value: torch.Tensor, attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
-                                    scaling: Optional[float] = None, shared_prefix: Optional[SharedPrefixAttention] = None,
-                                    sliding_window: Optional[int] = None, use_cache: Optional[bool] = None, **kwargs):
-    """An HF attention function (``AttentionInterface``): query ``[B, H, S, D]``; returns ``([B, S, H, D], None)``."""
+                                    scaling: Optional[float] = None, is_causal: Optional[bool] = None,
+                                    sliding_window: Optional[int] = None, softcap: Optional[float] = None, s_aux=None,
+                                    position_ids=None, cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None,
+                                    max_length_k=None, seq_idx=None,
+                                    shared_prefix: Optional[SharedPrefixAttention] = None,
+                                    use_cache: Optional[bool] = None, output_attentions=None,
+                                    output_hidden_states=None, output_router_logits=None, num_items_in_batch=None,
+                                    **unknown):
+    """An HF attention function (``AttentionInterface``): query ``[B, H, S, D]``; returns ``([B, S, H, D], None)``.
+    The keyword arguments are those of ``packkit.training.attention_args.ARGUMENTS``; any other is refused."""
+    refuse_unknown(NAME, module, unknown)
     if not isinstance(shared_prefix, SharedPrefixAttention):
         raise ValueError("shared-prefix attention needs the batch's 'shared_prefix' entry: call the model as "
                          "model(**batch, use_cache=False) with batch from packkit.shared_prefix.pack_groups / pack_tree")
@@ -55,18 +68,39 @@ def shared_prefix_attention_forward(module: torch.nn.Module, query: torch.Tensor
     if attention_mask is not None:
         raise ValueError("shared-prefix attention takes no attention_mask: the tree in batch['shared_prefix'] is "
                          "the mask; pass the batch unchanged")
+    refuse_common(NAME, module, None, 0.0, output_attentions)
+    flat = [n for n, v in zip(_FLAT_BATCH, (cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx))
+            if v is not None]
+    if flat:
+        raise refusal(NAME, module, f"{', '.join(flat)} next to a shared-prefix batch", "they describe a flat "
+                      "packed batch's documents, not the tree; pass the pack_groups / pack_tree batch unchanged")
+    if is_causal is False or getattr(module, "is_causal", True) is False:
+        raise refusal(NAME, module, "a non-causal (bidirectional) attention layer",
+                      "shared-prefix attention is causal along each tree path; pack these sequences without sharing")
+    if not shared_prefix.positions_match(position_ids):
+        why = ("this model does not pass position_ids to its attention, so they cannot be checked"
+               if position_ids is None else "they are not the batch's own packed positions (a branch's positions "
+               "continue from its prefix's); pass batch['position_ids'] unchanged")
+        raise refusal(NAME, module, "the call's position_ids", why)
     if sliding_window is not None and 0 < sliding_window < shared_prefix.max_path:
         raise ValueError(f"a sliding window of {sliding_window} tokens is shorter than the longest tree path "
                          f"({shared_prefix.max_path} tokens): the window is not implemented on tree masks; use "
                          "unshared packing for these sequences")
     _check_model(module)
-    return shared_prefix(query, key, value, scaling), None
+    if softcap is not None and not softcap > 0:
+        raise refusal(NAME, module, f"softcap={softcap!r}", "a soft-cap must be a positive number")
+    sink = None
+    if s_aux is not None:
+        heads = query.shape[1]
+        if not isinstance(s_aux, torch.Tensor) or tuple(s_aux.shape) != (heads,):
+            raise refusal(NAME, module, f"s_aux of shape {tuple(getattr(s_aux, 'shape', ()))}",
+                          f"attention sinks are one logit per query head ([{heads}])")
+        sink = s_aux
+    return shared_prefix(query, key, value, scaling, softcap, sink), None
 
 
 def register_attention(name: str = NAME) -> str:
-    """Register :func:`shared_prefix_attention_forward` with transformers under ``name``; returns ``name``
-    (for ``model.set_attn_implementation(name)`` or ``attn_implementation=name``)."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(name, shared_prefix_attention_forward)
-    return name
+    """Register :func:`shared_prefix_attention_forward` with transformers under ``name`` (with a mask guard that
+    refuses a user's ``attention_mask``, which transformers would otherwise drop); returns ``name`` (for
+    ``model.set_attn_implementation(name)`` or ``attn_implementation=name``)."""
+    return register(name, shared_prefix_attention_forward)

@@ -91,7 +91,7 @@ def pack_forest(tree_plan: TreePlan, *, device=None, backend: str = "auto", atte
     index = to_device(host_tensor(np.concatenate([score.pred, score.target, seq, col, score.valid.astype(np.int64)])),
                       device)
     k = len(seq)
-    attn = SharedPrefixAttention(layout, subtree_end, cu_seqlens, node_idx, attention)
+    attn = SharedPrefixAttention(layout, subtree_end, cu_seqlens, node_idx, attention, position_ids=position_ids)
     batch = {"input_ids": ids, "position_ids": position_ids, "shared_prefix": attn}
     unshared = int(forest.sequence_lengths().sum())
     info = SharedPrefixInfo(forest, layout, score, index[:k], index[k:2 * k], index[2 * k:3 * k], index[3 * k:4 * k],

@@ -10,7 +10,8 @@ has no attention implementation that calls it; this module adds one::
     model(**batch, use_cache=False).loss
 
 The model passes the batch's ``cu_seq_lens_q`` / ``max_length_q`` (which the collator returns) through
-to every attention layer. ``varlen_attn`` needs CUDA tensors in fp16 or bf16.
+to every attention layer. ``varlen_attn`` needs CUDA tensors in fp16 or bf16. Every keyword argument the model
+passes is implemented or refused by name (``attention_args.ARGUMENTS``); so is a user's ``attention_mask``.
 """
 from __future__ import annotations
 
@@ -19,24 +20,39 @@ from typing import Optional
 
 import torch
 
+from .attention_args import refusal, refuse_common, refuse_unknown, register
+
 NAME = "packkit_varlen"
 
 
-def _varlen_kernel():
-    """torch's varlen_attn as f(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)."""
+def _varlen_api():
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError as exc:
         raise RuntimeError(f"varlen attention needs torch >= 2.10 (torch.nn.attention.varlen); this is torch "
                            f"{torch.__version__}") from exc
-    params = inspect.signature(varlen_attn).parameters
+    return varlen_attn, inspect.signature(varlen_attn).parameters
 
-    def run(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
+
+def _has_window() -> bool:
+    """Whether this torch's varlen_attn takes ``window_size`` (torch 2.10 has only ``is_causal``)."""
+    return "window_size" in _varlen_api()[1]
+
+
+def _varlen_kernel():
+    """torch's varlen_attn as f(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal[, window=w])."""
+    varlen_attn, params = _varlen_api()
+
+    def run(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window=None):
         if q.device.type != "cuda":
             raise ValueError(f"varlen attention runs on CUDA tensors only (FlashAttention); got {q.device}. "
                              "Use attn_implementation='sdpa' on the CPU")
-        # torch 2.10 takes is_causal; later versions a (left, right) window, (-1, 0) being causal.
-        mode = {"is_causal": causal} if "is_causal" in params else {"window_size": (-1, 0) if causal else (-1, -1)}
+        # torch 2.10 takes is_causal; later versions a (left, right) window, (-1, 0) being causal. transformers'
+        # sliding window w lets a query see keys q - k < w: flash's left window w - 1 (only called when causal).
+        if "is_causal" in params:
+            mode = {"is_causal": causal}
+        else:
+            mode = {"window_size": (-1 if window is None else window - 1, 0) if causal else (-1, -1)}
         return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, **mode)
     return run
 
@@ -44,11 +60,20 @@ def _varlen_kernel():
 def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
                              scaling: Optional[float] = None, is_causal: Optional[bool] = None,
-                             cu_seq_lens_q: Optional[torch.Tensor] = None, cu_seq_lens_k: Optional[torch.Tensor] = None,
-                             max_length_q: Optional[int] = None, max_length_k: Optional[int] = None, **kwargs):
+                             sliding_window: Optional[int] = None, softcap: Optional[float] = None, s_aux=None,
+                             position_ids=None, cu_seq_lens_q: Optional[torch.Tensor] = None,
+                             cu_seq_lens_k: Optional[torch.Tensor] = None, max_length_q: Optional[int] = None,
+                             max_length_k: Optional[int] = None, seq_idx=None, shared_prefix=None, use_cache=None,
+                             output_attentions=None, output_hidden_states=None, output_router_logits=None,
+                             num_items_in_batch=None, **unknown):
     """An HF attention function (``AttentionInterface``): query ``[B, H, S, D]``, key/value
     ``[B, H_kv, S, D]``; returns ``([B, S, H, D], None)``. The ``B * S`` tokens are one packed stream
-    cut by ``cu_seq_lens_q`` (a packkit batch, flat or padded: padding is its own segment)."""
+    cut by ``cu_seq_lens_q`` (a packkit batch, flat or padded: padding is its own segment). The keyword
+    arguments are those of ``packkit.training.attention_args.ARGUMENTS``; any other is refused."""
+    refuse_unknown(NAME, module, unknown)
+    if shared_prefix is not None:
+        raise refusal(NAME, module, "a shared-prefix batch", "call model.set_attn_implementation("
+                      "packkit.shared_prefix.register_attention()) for pack_groups / pack_tree batches")
     if cu_seq_lens_q is None or max_length_q is None:
         raise ValueError("varlen attention needs the batch's cu_seq_lens_q and max_length_q (a packkit "
                          "PackingCollator / pack_sequences batch passed to the model as **batch)")
@@ -58,8 +83,28 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     if dropout:
         raise ValueError(f"varlen attention has no attention dropout; got dropout={dropout} (set the model "
                          "config's attention_dropout to 0)")
+    refuse_common(NAME, module, None, 0.0, output_attentions)
+    if softcap is not None:
+        raise refusal(NAME, module, f"attention logit soft-capping (softcap={softcap})",
+                      "torch's varlen_attn has no soft-capping; use attn_implementation='flex_attention' or 'eager'")
+    if s_aux is not None:
+        raise refusal(NAME, module, "attention sinks (s_aux)", "torch's varlen_attn cannot apply them with an "
+                      "exact gradient; use attn_implementation='flex_attention' or 'eager'")
+    if key.shape[-2] != query.shape[-2]:
+        raise refusal(NAME, module, f"cached keys ({key.shape[-2]} keys for {query.shape[-2]} queries)",
+                      "the packed documents are the whole sequence; call the model with use_cache=False")
     cu_k = cu_seq_lens_q if cu_seq_lens_k is None else cu_seq_lens_k
     max_k = max_length_q if max_length_k is None else max_length_k
+    causal = bool(module.is_causal if is_causal is None else is_causal)
+    window = {}
+    if sliding_window is not None and 0 < sliding_window < max(int(max_length_q), int(max_k)):
+        if not causal:
+            raise refusal(NAME, module, f"a sliding window of {sliding_window} on a non-causal layer",
+                          "transformers' mask (|q - k| <= w) and flash (|q - k| < w) definitions differ")
+        if not _has_window():
+            raise refusal(NAME, module, f"a sliding window of {sliding_window} tokens (shorter than the longest "
+                          f"document, {max_length_q})", f"torch {torch.__version__}'s varlen_attn has no window_size")
+        window = {"window": int(sliding_window)}
     batch, heads, length, dim = query.shape
     # [B, H, S, D] -> [B*S, H, D]: the packed token order the cu_seqlens index.
     q = query.transpose(1, 2).reshape(batch * length, heads, dim)
@@ -68,15 +113,13 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     if k.shape[1] != heads:  # grouped-query attention: every query head gets its key/value head
         k = k.repeat_interleave(heads // k.shape[1], dim=1)
         v = v.repeat_interleave(heads // v.shape[1], dim=1)
-    causal = module.is_causal if is_causal is None else is_causal
     out = _varlen_kernel()(q, k, v, cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32), int(max_length_q),
-                           int(max_k), scaling, bool(causal))
+                           int(max_k), scaling, causal, **window)
     return out.reshape(batch, length, heads, out.shape[-1]), None
 
 
 def register_varlen_attention(name: str = NAME) -> str:
-    """Register :func:`varlen_attention_forward` with transformers under ``name``; returns ``name``,
-    to pass as ``attn_implementation``."""
-    from transformers import AttentionInterface
-    AttentionInterface.register(name, varlen_attention_forward)
-    return name
+    """Register :func:`varlen_attention_forward` with transformers under ``name`` (with a mask guard that refuses
+    a user's ``attention_mask``, which transformers would otherwise drop); returns ``name``, to pass as
+    ``attn_implementation``."""
+    return register(name, varlen_attention_forward)

@@ -37,11 +37,45 @@ def tree_block_mask(subtree_end: torch.Tensor, *, block_size: int = 128):
                              _compile=se.device.type == "cuda")
 
 
-def flex_tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_mask, scale: float):
-    """query ``[B, H, S, D]``, key/value ``[B, H_kv, S, D]`` -> ``[B, H, S, D]``."""
-    from torch.nn.attention.flex_attention import flex_attention
+def dense_tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float,
+                         softcap=None, sink=None) -> torch.Tensor:
+    """The reference: query/key/value ``[B, H, S, D]`` (heads matched), bool ``mask`` ``[B, 1, S, S]`` ->
+    ``[B, H, S, D]``. SDPA, or, with ``softcap`` / ``sink``, the same math written out (fp32 at least): scores
+    soft-capped before the softmax, the per-head sink logit joining every row's log-sum-exp."""
+    if softcap is None and sink is None:
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+    s = torch.matmul(query.to(acc), key.to(acc).transpose(-1, -2)) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    if sink is not None:
+        lse = torch.logaddexp(lse, sink.to(acc).view(1, -1, 1, 1))
+    return torch.matmul(torch.exp(s - lse), value.to(acc)).to(query.dtype)
 
-    fn = flex_attention
+
+def flex_tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_mask, scale: float,
+                        softcap=None, sink=None):
+    """query ``[B, H, S, D]``, key/value ``[B, H_kv, S, D]`` -> ``[B, H, S, D]``. ``softcap``: a ``score_mod``;
+    ``sink`` ``[H]``: applied from flex's LSE, ``out * sigmoid(lse - sink)``."""
+    from torch.nn.attention import flex_attention as flex_module
+
+    fn = flex_module.flex_attention
     if query.device.type == "cuda":  # eager flex on CUDA is the dense reference; compile it once per process
-        fn = _compiled.setdefault("flex", torch.compile(flex_attention, dynamic=False))
-    return fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=key.shape[1] != query.shape[1])
+        fn = _compiled.setdefault("flex", torch.compile(flex_module.flex_attention, dynamic=False))
+    kw = {}
+    if softcap is not None:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return softcap * torch.tanh(score / softcap)
+        kw["score_mod"] = score_mod
+    if sink is not None:  # torch >= 2.9 returns aux outputs; earlier ones the LSE itself
+        kw.update({"return_aux": flex_module.AuxRequest(lse=True)} if hasattr(flex_module, "AuxRequest")
+                  else {"return_lse": True})
+    out = fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=key.shape[1] != query.shape[1], **kw)
+    if sink is None:
+        return out
+    out, aux = out
+    lse = getattr(aux, "lse", aux)
+    weight = torch.sigmoid(lse - sink.to(lse.dtype).view(1, -1, 1))  # exp(lse - logaddexp(lse, sink))
+    return (out.to(weight.dtype) * weight[..., None]).to(query.dtype)

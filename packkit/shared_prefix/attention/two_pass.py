@@ -20,6 +20,12 @@ Backends: CUDA fp16/bf16 call torch's own flash ops (``aten::_flash_attention_fo
 torch's fused CPU flash kernels per sequence (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its
 backward, which take the merged output and LSE; fp32 and fp64); CUDA fp32/fp64 runs the same math per sequence
 with matmuls. Memory is per sequence, never ``T x T``.
+
+Soft-capping (Gemma 2, ``softcap``) changes the scores before every pass's LSE; no fused kernel here takes it, so a
+soft-capped call runs the per-sequence math on every device (its backward multiplies ``dS`` by ``1 - (s / c)^2``).
+An attention sink (GPT-OSS ``s_aux``, one logit per head) is folded into the merged LSE, ``lse' = logaddexp(lse,
+sink)``, ``out' = out * exp(lse - lse')``; the passes' backward then runs with ``out'`` / ``lse'``, and
+``d sink = -sum over rows of exp(sink - lse') * rowsum(dout * out')``.
 """
 from __future__ import annotations
 
@@ -107,8 +113,9 @@ def varlen_passes(layout: TreeLayout, device: torch.device) -> list:
 
 
 # --- one pass: CUDA flash ops, or the same math per sequence --------------------------------------------------
-def _use_flash(q: torch.Tensor) -> bool:
-    return q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
+def _use_flash(q: torch.Tensor, softcap: Optional[float] = None) -> bool:
+    # torch's aten flash ops take no soft-cap: a soft-capped call runs the per-sequence math instead.
+    return q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) and softcap is None
 
 
 def _bhld(x: torch.Tensor) -> torch.Tensor:  # [L, H, D] -> [1, H, L, D]
@@ -127,11 +134,21 @@ def _sequences(p: VarlenPass):
             yield qs, qe, ks, ke
 
 
-def varlen_forward(q, k, v, p: VarlenPass, scale: float):
+def _scores(qi, ki, scale, softcap, causal):
+    """``[H, Lq, Lk]`` scores of one sequence in the accumulation dtype: scaled, soft-capped, causally masked."""
+    s = torch.einsum("qhd,khd->hqk", qi, ki) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if causal:
+        s = s.masked_fill(_causal_block(qi.shape[0], ki.shape[0], qi.device), float("-inf"))
+    return s
+
+
+def varlen_forward(q, k, v, p: VarlenPass, scale: float, softcap: Optional[float] = None):
     """``(out [T, H, D], lse [H, T])`` of one pass; lse is fp32 (fp64 for fp64 inputs); a query with no key
-    gets out 0 and lse -inf. CPU (and fp32/fp64 on CUDA): torch's fused CPU flash kernel per sequence (CUDA: the
-    same per-sequence math through SDPA-free matmuls)."""
-    if _use_flash(q):
+    gets out 0 and lse -inf. CPU: torch's fused CPU flash kernel per sequence; CUDA fp32/fp64, and any soft-capped
+    call (no fused kernel here soft-caps): the same per-sequence math through matmuls."""
+    if _use_flash(q, softcap):
         out, lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, 0.0,
                                                               p.causal, False, scale=scale)
         return out, lse
@@ -140,15 +157,13 @@ def varlen_forward(q, k, v, p: VarlenPass, scale: float):
     out = torch.zeros(t, h, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.full((h, t), float("-inf"), dtype=acc, device=q.device)
     for qs, qe, ks, ke in _sequences(p):
-        if q.device.type == "cpu":
+        if q.device.type == "cpu" and softcap is None:
             o, l_i = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]), 0.0, p.causal, scale=scale)
             out[qs:qe] = _lhd(o)
             lse[:, qs:qe] = l_i[0].to(acc)
             continue
-        s = torch.einsum("qhd,khd->hqk", q[qs:qe].to(acc), k[ks:ke].to(acc)) * scale
-        if p.causal:
-            s = s.masked_fill(_causal_block(qe - qs, ke - ks, q.device), float("-inf"))
+        s = _scores(q[qs:qe].to(acc), k[ks:ke].to(acc), scale, softcap, p.causal)
         l_i = torch.logsumexp(s, dim=-1)
         out[qs:qe] = torch.einsum("hqk,khd->qhd", torch.exp(s - l_i[..., None]), v[ks:ke].to(acc)).to(q.dtype)
         lse[:, qs:qe] = l_i
@@ -162,9 +177,9 @@ def _causal_block(lq: int, lk: int, device) -> torch.Tensor:
     return j > i + (lk - lq)
 
 
-def varlen_backward(dout, q, k, v, out, lse, p: VarlenPass, scale: float):
+def varlen_backward(dout, q, k, v, out, lse, p: VarlenPass, scale: float, softcap: Optional[float] = None):
     """``(dq, dk, dv)`` of one pass given the (merged) ``out`` and ``lse``."""
-    if _use_flash(q):
+    if _use_flash(q, softcap):
         empty = torch.empty(0, device=q.device)
         rng = torch.zeros(2, dtype=torch.int64, device=q.device)
         return torch.ops.aten._flash_attention_backward(dout, q, k, v, out, lse.float(), p.cu_q, p.cu_k, p.max_q,
@@ -173,7 +188,7 @@ def varlen_backward(dout, q, k, v, out, lse, p: VarlenPass, scale: float):
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=q.device)
     dv = torch.zeros(v.shape, dtype=acc, device=q.device)
-    cpu = q.device.type == "cpu"
+    cpu = q.device.type == "cpu" and softcap is None
     delta = None if cpu else (dout.to(acc) * out.to(acc)).sum(-1).transpose(0, 1)  # [H, T]
     for qs, qe, ks, ke in _sequences(p):
         if cpu:  # the fused CPU flash backward, given the merged out and lse (+inf: a query this pass masks)
@@ -186,23 +201,23 @@ def varlen_backward(dout, q, k, v, out, lse, p: VarlenPass, scale: float):
             dv[ks:ke] += _lhd(gv)
             continue
         qi, ki, vi, doi = q[qs:qe].to(acc), k[ks:ke].to(acc), v[ks:ke].to(acc), dout[qs:qe].to(acc)
-        s = torch.einsum("qhd,khd->hqk", qi, ki) * scale
-        if p.causal:
-            s = s.masked_fill(_causal_block(qe - qs, ke - ks, q.device), float("-inf"))
+        s = _scores(qi, ki, scale, softcap, p.causal)
         prob = torch.exp(s - lse[:, qs:qe, None].to(acc))  # lse = +inf for masked queries: prob 0
         dv[ks:ke] += torch.einsum("hqk,qhd->khd", prob, doi)
         dp = torch.einsum("qhd,khd->hqk", doi, vi)
         ds = prob * (dp - delta[:, qs:qe, None])
+        if softcap is not None:  # d/dx c * tanh(x / c) = 1 - tanh^2 = 1 - (s / c)^2
+            ds = ds * (1 - (s / softcap).masked_fill(prob == 0, 0) ** 2)
         dq[qs:qe] += torch.einsum("hqk,khd->qhd", ds, ki) * scale
         dk[ks:ke] += torch.einsum("hqk,qhd->khd", ds, qi) * scale
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 # --- the merged attention -------------------------------------------------------------------------------------
-def _merge(q, k, v, passes, scale):
+def _merge(q, k, v, passes, scale, softcap):
     outs, lses = [], []
     for p in passes:
-        o, l = varlen_forward(q, k, v, p, scale)
+        o, l = varlen_forward(q, k, v, p, scale, softcap)
         if p.query_mask is not None:
             l = l.masked_fill(~p.query_mask[None, :], float("-inf"))
         outs.append(o)
@@ -213,20 +228,32 @@ def _merge(q, k, v, passes, scale):
     for o, l in zip(outs, lses):
         w = torch.exp(l - lse).transpose(0, 1)[..., None]  # [T, H, 1]; 0 where the pass does not hold the query
         out = out + torch.where(w > 0, w * o.to(acc), torch.zeros((), dtype=acc, device=q.device))
-    return out.to(q.dtype), lse
+    return out, lse
+
+
+def _with_sink(out, lse, sink):
+    """Fold a per-head sink logit into every row's softmax: it takes mass and adds no value, so with
+    ``lse' = logaddexp(lse, sink)`` the output is ``out * exp(lse - lse')`` and ``lse'`` is the full row's LSE."""
+    merged = torch.logaddexp(lse, sink.to(lse.dtype)[:, None])
+    return out * torch.exp(lse - merged).transpose(0, 1)[..., None], merged
 
 
 class _TwoPass(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, passes, scale):
-        out, lse = _merge(q, k, v, passes, scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.passes, ctx.scale = passes, scale
+    def forward(ctx, q, k, v, sink, passes, scale, softcap):
+        out, lse = _merge(q, k, v, passes, scale, softcap)
+        if sink is not None:
+            out, lse = _with_sink(out, lse, sink)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, sink)
+        ctx.passes, ctx.scale, ctx.softcap = passes, scale, softcap
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
+        # Each pass's backward with the merged (sink-folded) out and LSE: its softmax is the full row's restricted
+        # to its keys, and D = rowsum(dout * out) is the full row's, so the gradients add up (ring attention).
+        q, k, v, out, lse, sink = ctx.saved_tensors
         dout = dout.contiguous()
         dq = dk = dv = None
         for p in ctx.passes:
@@ -234,12 +261,19 @@ class _TwoPass(torch.autograd.Function):
             if p.query_mask is not None:
                 d = dout.masked_fill(~p.query_mask[:, None, None], 0)
                 l = lse.masked_fill(~p.query_mask[None, :], float("inf"))
-            gq, gk, gv = varlen_backward(d, q, k, v, out, l, p, ctx.scale)
+            gq, gk, gv = varlen_backward(d, q, k, v, out, l, p, ctx.scale, ctx.softcap)
             dq, dk, dv = (gq, gk, gv) if dq is None else (dq + gq, dk + gk, dv + gv)
-        return dq, dk, dv, None, None
+        dsink = None
+        if sink is not None and ctx.needs_input_grad[3]:  # d sink = -sum_rows P(sink) * D
+            delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1).transpose(0, 1)  # [H, T]
+            dsink = -(torch.exp(sink.to(lse.dtype)[:, None] - lse) * delta).sum(-1).to(sink.dtype)
+        return dq, dk, dv, dsink, None, None, None
 
 
-def two_pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, passes: list, scale: float) -> torch.Tensor:
+def two_pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, passes: list, scale: float,
+                       softcap: Optional[float] = None, sink: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Tree attention of ``q, k, v`` ``[T, H, D]`` (key/value heads already matched to the query heads) over
-    :func:`varlen_passes`; differentiable, exact in every dtype the backend computes in."""
-    return _TwoPass.apply(q.contiguous(), k.contiguous(), v.contiguous(), passes, scale)
+    :func:`varlen_passes`; differentiable, exact in every dtype the backend computes in. ``softcap``: scores become
+    ``softcap * tanh(scores / softcap)`` (Gemma 2); ``sink`` ``[H]``: a per-head sink logit in every row's softmax
+    (GPT-OSS ``s_aux``), differentiable too."""
+    return _TwoPass.apply(q.contiguous(), k.contiguous(), v.contiguous(), sink, passes, scale, softcap)

@@ -1,0 +1,126 @@
+"""Every keyword argument transformers passes to an attention function packkit registers, and what each of the two
+functions (``packkit_varlen``, ``packkit_shared_prefix``) does with it: implemented, refused (ValueError naming the
+feature and the model type), or not an attention input. An argument missing from :data:`ARGUMENTS` is refused by
+name, never dropped.
+
+transformers calls ``f(module, query, key, value, attention_mask, dropout=, scaling=, **kwargs)``. The union below
+was measured on transformers 5.24 by running tiny random configs of llama, mistral, ministral, qwen2, qwen2_moe, qwen3,
+qwen3_moe, mixtral, gemma, gemma2, gemma3_text, gpt_oss, olmo, olmo2, olmo3, cohere, cohere2, exaone4, phi,
+starcoder2, granite, granitemoe, jetmoe, apertus, arcee, helium, hunyuan_v1_dense, ernie4_5, bitnet, minimax, lfm2,
+gpt2, gpt_neox, opt, seed_oss, llama4_text, with a PackingCollator batch (``num_items_in_batch`` included) and
+``output_attentions`` / ``output_hidden_states``: the model's own forward keywords reach the attention too.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Arg(NamedTuple):
+    meaning: str
+    varlen: str  # what packkit_varlen does
+    shared_prefix: str  # what packkit_shared_prefix does
+
+
+_NOT_INPUT = "not an attention input: accepted, unused"
+ARGUMENTS = {
+    "dropout": Arg("attention-probability dropout (config.attention_dropout in training)",
+                   "0 implemented; > 0 refused: varlen_attn has no dropout",
+                   "0 implemented; > 0 refused: every branch would share one dropout draw of its prefix"),
+    "scaling": Arg("the score scale (None: head_dim ** -0.5)", "implemented", "implemented"),
+    "is_causal": Arg("False for encoders / bidirectional layers (also read from module.is_causal)",
+                     "implemented: False runs non-causal documents",
+                     "True implemented; False refused: tree attention is causal"),
+    "sliding_window": Arg("a query sees keys with q - k < sliding_window",
+                          "implemented: torch's window_size=(w - 1, 0) when shorter than max_length_q (refused on a "
+                          "torch without window_size, and for non-causal layers, where transformers' mask and flash "
+                          "paths disagree by one token)",
+                          "implemented when >= the longest tree path (no effect); shorter refused"),
+    "softcap": Arg("Gemma 2 logit soft-capping: scores -> softcap * tanh(scores / softcap) before the softmax",
+                   "refused: varlen_attn has no soft-capping",
+                   "implemented: dense / two-pass math, Flex score_mod"),
+    "s_aux": Arg("GPT-OSS attention sinks: one logit per head joins every row's softmax, no value",
+                 "refused: varlen_attn's LSE has no gradient",
+                 "implemented: out * exp(lse - logaddexp(lse, sink)), with the sink's gradient"),
+    "position_ids": Arg("the token positions the model's rotary embedding used",
+                        "not read: documents come from cu_seq_lens_q",
+                        "checked: must be the batch's own tensor (identity, no device sync); absent refused"),
+    "cu_seq_lens_q": Arg("document boundaries of a flat packed batch", "implemented (required)",
+                         "refused: a flat packed batch's, not a shared-prefix one"),
+    "cu_seq_lens_k": Arg("key document boundaries", "implemented (default cu_seq_lens_q)",
+                         "refused: a flat packed batch's, not a shared-prefix one"),
+    "max_length_q": Arg("longest document (host int)", "implemented (required)",
+                        "refused: a flat packed batch's, not a shared-prefix one"),
+    "max_length_k": Arg("longest key document", "implemented (default max_length_q)",
+                        "refused: a flat packed batch's, not a shared-prefix one"),
+    "seq_idx": Arg("per-token document index of a PackingCollator batch (for recurrent layers)",
+                   "not read: documents come from cu_seq_lens_q",
+                   "refused: a flat packed batch's, not a shared-prefix one"),
+    "shared_prefix": Arg("the SharedPrefixAttention of a pack_groups / pack_tree batch",
+                         "refused: needs attn_implementation packkit_shared_prefix", "implemented (required)"),
+    "use_cache": Arg("the model call's use_cache", "accepted; cached keys (key length != query length) refused",
+                     "False implemented; True refused: the cache would hold every branch as one sequence"),
+    "output_attentions": Arg("return attention weights", "False implemented; True refused: no weights are formed",
+                             "False implemented; True refused: no weights are formed"),
+    "output_hidden_states": Arg("the model call's flag", _NOT_INPUT, _NOT_INPUT),
+    "output_router_logits": Arg("MoE models' flag", _NOT_INPUT, _NOT_INPUT),
+    "num_items_in_batch": Arg("the loss normaliser of a PackingCollator batch", _NOT_INPUT, _NOT_INPUT),
+}
+
+
+def model_type(module: torch.nn.Module) -> str:
+    config = getattr(module, "config", None)
+    return str(getattr(config, "model_type", None) or type(module).__name__)
+
+
+def refusal(function: str, module: torch.nn.Module, feature: str, why: str) -> ValueError:
+    """The error every refusal raises: the attention function, the model type, the feature and why."""
+    return ValueError(f"{function} on model type {model_type(module)!r}: {feature} is refused: {why}")
+
+
+def refuse_unknown(function: str, module: torch.nn.Module, unknown: dict) -> None:
+    """An argument outside :data:`ARGUMENTS` is one packkit has not checked it can honour: refuse it by name."""
+    if unknown:
+        names = ", ".join(sorted(unknown))
+        raise refusal(function, module, f"the argument(s) {names}",
+                      "packkit neither implements nor knows them, and dropping one could change the result; known: "
+                      + ", ".join(sorted(ARGUMENTS)))
+
+
+def refuse_common(function: str, module: torch.nn.Module, attention_mask, dropout, output_attentions) -> None:
+    """What neither function implements: a mask tensor, attention dropout, returned attention weights."""
+    if attention_mask is not None:
+        raise refusal(function, module, "an attention_mask",
+                      "the packed batch's metadata is the mask; pass the packkit batch unchanged, without a mask")
+    if dropout:
+        raise refusal(function, module, f"attention dropout ({dropout})",
+                      "set the config's attention_dropout to 0 or call model.eval()")
+    if output_attentions:
+        raise refusal(function, module, "output_attentions=True", "no attention weights are formed; call without it")
+
+
+def mask_guard(function: str):
+    """A transformers mask function (``AttentionMaskInterface``) for ``function``: transformers builds no mask for an
+    attention it does not know and passes the attention ``None`` even when the model was called with an
+    ``attention_mask``; registered under the same name, this sees the user's mask and refuses it (it builds none).
+    transformers then also runs its packed-position detection (one small device sync per mask type and forward)."""
+    def guard(*args, attention_mask=None, config=None, **kwargs):
+        if attention_mask is not None:
+            kind = getattr(config, "model_type", None) or "this model"
+            raise ValueError(f"{function} on model type {kind!r}: the model was called with an attention_mask, which "
+                             "transformers does not pass to this attention (it would be silently ignored); refused: "
+                             "a packkit batch carries its own document / tree structure, so call the model without "
+                             "attention_mask")
+        return None
+    return guard
+
+
+def register(name: str, function) -> str:
+    """Register ``function`` and its mask guard with transformers under ``name``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, mask_guard(name))
+    return name
