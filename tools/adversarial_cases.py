@@ -93,3 +93,34 @@ refuses("pack_dataset", "position_ids='yes'", "position_ids must be True or Fals
     lambda: packkit.pack_dataset(_dataset(), 10, position_ids="yes"))
 refuses("pack_dataset", "negative token id", "row 1 holds a negative token id")(
     lambda: packkit.pack_dataset(_dataset(((1, 2), (3, -4))), 10))
+
+
+# -- packkit.integrations.verl --------------------------------------------------------------------------------------
+def _verl():
+    from packkit.integrations import verl
+
+    return verl
+
+
+def _verl_batch(scale=1):
+    from tensordict import TensorDict
+
+    ids = torch.arange(1, 33).reshape(4, 8)
+    mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3, [0] * 2 + [1] * 6, [1] * 3 + [0] * 5]) * scale
+    return TensorDict({"input_ids": ids, "attention_mask": mask}, batch_size=[4])
+
+
+def _verl_dataproto(scale=1):
+    from verl import DataProto
+
+    return DataProto.from_dict(tensors=dict(_verl_batch(scale).items()))
+
+
+refuses("integrations.verl.rearrange_micro_batches", "max_token_len='x'", "max_token_len must be an int")(
+    lambda: _verl().rearrange_micro_batches(_verl_batch(), "x"))
+refuses("integrations.verl.rearrange_micro_batches", "attention_mask holding 2", "other than 0 and 1")(
+    lambda: _verl().rearrange_micro_batches(_verl_batch(2), 64))
+refuses("integrations.verl.balance_batch", "attention_mask holding 2", "other than 0 and 1")(
+    lambda: _verl().balance_batch(_verl_dataproto(2), 2, 64))
+accepts("integrations.verl.rearrange_micro_batches", "a 0/1 mask", lambda r: sorted(sum(r[1], [])) == [0, 1, 2, 3])(
+    lambda: _verl().rearrange_micro_batches(_verl_batch(), 16))

@@ -15,6 +15,8 @@ verl stays optional: it is imported only when these functions run (``pip install
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
 
@@ -62,17 +64,28 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     seqlen_balancing, tu = _verl()
     from torch import distributed as dist
 
+    for name, value in (("max_token_len", max_token_len), ("force_group_size", force_group_size)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     input_ids = batch["input_ids"]
+    odd = None
     if input_ids.is_nested:
         lengths_t = input_ids.offsets().diff()
         max_seq_len = int(lengths_t.max())
     else:
-        max_seq_len = batch["attention_mask"].shape[-1]
-        lengths_t = batch["attention_mask"].sum(dim=1)
+        mask = batch["attention_mask"]
+        max_seq_len = mask.shape[-1]
+        lengths_t = mask.sum(dim=1)
+        if mask.dtype != torch.bool:  # a 2 would count a token twice; read with the lengths, in the one copy
+            odd = ((mask != 0) & (mask != 1)).sum().reshape(1).to(lengths_t.dtype)
     if max_token_len < max_seq_len:
         raise ValueError(f"max_token_len must be greater than the sequence length. Got max_token_len={max_token_len} "
                          f"and max_seq_len={max_seq_len}")
-    lengths = lengths_t.long().cpu().numpy()  # the one device-to-host copy
+    host = (lengths_t if odd is None else torch.cat((lengths_t, odd))).long().cpu().numpy()  # the one copy
+    lengths = host[:len(lengths_t)]
+    if odd is not None and host[-1]:
+        raise ValueError(f"attention_mask holds {int(host[-1])} values other than 0 and 1; a verl attention_mask is "
+                         "1 at valid tokens and 0 at padding")
     n = len(lengths)
     if force_group_size < 1 or n % force_group_size:
         raise ValueError(f"Batch size {n} must be divisible by force_group_size {force_group_size}")
@@ -81,7 +94,11 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
 
     parts = None
     if PLAN_KEY in batch.keys() and force_group_size == 1 and not sync:
-        parts = _from_plan(batch[PLAN_KEY].cpu().numpy().astype(np.int64))
+        recorded = batch[PLAN_KEY]
+        if recorded.dtype != torch.int64 or recorded.shape != (n,):
+            raise ValueError(f"batch[{PLAN_KEY!r}] must be the int64 [{n}] field balance_batch wrote, got "
+                             f"{recorded.dtype} {tuple(recorded.shape)}")
+        parts = _from_plan(recorded.cpu().numpy())
         if parts is not None and (len(parts) < (min_num_micro_batch or 1)
                                   or (num_batches_divided_by and len(parts) % num_batches_divided_by)
                                   or max(int(lengths[p].sum()) for p in parts) > max_token_len):  # another cap
@@ -131,7 +148,13 @@ def balance_batch(batch, dp_size: int, max_token_len: int, *, cost=None, metrics
     """
     seqlen_balancing, _ = _verl()
     mask = batch.batch["attention_mask"]
-    lengths = mask.view(mask.shape[0], -1).sum(-1).long().cpu().numpy()
+    lengths_t = mask.view(mask.shape[0], -1).sum(-1).long()
+    odd = ((mask != 0) & (mask != 1)).sum().reshape(1).long() if mask.dtype != torch.bool else lengths_t[:0]
+    host = torch.cat((lengths_t, odd)).cpu().numpy()  # one device-to-host copy
+    lengths = host[:len(lengths_t)]
+    if len(host) > len(lengths) and host[-1]:
+        raise ValueError(f"attention_mask holds {int(host[-1])} values other than 0 and 1; a verl attention_mask is "
+                         "1 at valid tokens and 0 at padding")
     plan = micro_batches(lengths, max_token_len, dp_size, cost=seqlen_balancing.calculate_workload if cost is None
                          else cost, equal_count=True)
     order, step = [], []
