@@ -108,9 +108,10 @@ def test_unpack_round_trip_with_features(device, layout):
     for i, s in enumerate(seqs):
         assert padded[i, :len(s)].tolist() == s and (padded[i, len(s):] == -1).all()
     # The feature rows follow their tokens: pack the token *indices* and read the map off.
-    index_batch = packkit.pack_sequences(torch.arange(int(lengths.sum())), lengths, capacity=48, overlong="split",
-                                         layout=layout, device=device, pad_token_id=-1)
-    where = index_batch["input_ids"].reshape(-1)
+    # (indices + 1 with padding 0: packkit refuses negative ids and pad_token_id)
+    index_batch = packkit.pack_sequences(torch.arange(int(lengths.sum())) + 1, lengths, capacity=48, overlong="split",
+                                         layout=layout, device=device, pad_token_id=0)
+    where = index_batch["input_ids"].reshape(-1) - 1
     flat_out = out.reshape(-1, 5)
     expected = torch.empty_like(back)
     expected[where[where >= 0]] = flat_out[where >= 0]

@@ -15,10 +15,11 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..packing.checks import check_pack_scalars, check_separator
 from ..packing.fields import check_pad_values, prepare_fields
 from ..packing.sequences import _backend_for, check_layout, plan_layout, source_tokens
 from ..packing.tensors import host_tensor, to_device
-from .shard import (CPShardInfo, _check_cp, _cp_geometry, _cp_op, _host_layout, _shard_outputs,
+from .shard import (CP_OUTPUT_KEYS, CPShardInfo, _check_cp, _cp_geometry, _cp_op, _host_layout, _shard_outputs,
                     _src_index_host)
 
 
@@ -96,15 +97,15 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
     """
     _check_cp(cp_size, cp_rank, mode)
     check_layout(layout)
-    for name, value in (("pad_token_id", pad_token_id), ("ignore_index", ignore_index),
-                        ("position_ids_start", position_ids_start), ("separator_id", separator_id)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
-            raise TypeError(f"{name} must be an int, got {value!r}")
-    flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels)
+    pad_token_id, ignore_index, position_ids_start, mask_first_label = check_pack_scalars(
+        pad_token_id, ignore_index, position_ids_start, mask_first_label)
+    if separator_id is not None:
+        check_separator(separator_id, ignore_index)
+    flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels, ignore_index)
     token_fields, pads = {}, check_pad_values(pad_values)
     if fields:
         sorted_fields, pads, _ = prepare_fields(fields, seq_lengths, flat_ids, extra_fields=extra_fields,
-                                                pad_values=pad_values, mrope=None)
+                                                pad_values=pad_values, mrope=None, reserved=CP_OUTPUT_KEYS)
         unsupported = [*sorted_fields.vision, *sorted_fields.keep]
         if unsupported:
             raise ValueError(f"pack_context_parallel: fields {sorted(unsupported)} (vision inputs or "

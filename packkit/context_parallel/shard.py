@@ -19,12 +19,16 @@ import numpy as np
 import torch
 
 from ..packing import ops
+from ..packing.checks import check_int
 from ..packing.sequences import PackInfo, _backend_for
 from ..packing.tensors import host_tensor, to_device
+from ..planning.planner import as_lengths
 
 CP_MODES = ("zigzag", "contiguous")
 _CORE_KEYS = ("input_ids", "labels", "shift_labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k",
               "max_length_q", "max_length_k", "cu_seqlens_padded")
+# Keys a CP shard adds to a packed batch's: a per-token field of these names would replace them.
+CP_OUTPUT_KEYS = ("shift_labels", "cu_seqlens_padded")
 
 
 class CPShardInfo(NamedTuple):
@@ -124,8 +128,8 @@ def _host_cu_from_info(info: PackInfo) -> np.ndarray:
 
 def _host_cu(batch, lengths, pack_info) -> np.ndarray:
     if lengths is not None:
-        lengths = np.asarray(lengths, np.int64)
-        if lengths.ndim != 1 or (len(lengths) and lengths.min() < 0):
+        lengths = as_lengths(lengths)  # TypeError for floats (np.asarray would truncate 10.5 to 10)
+        if len(lengths) and lengths.min() < 0:
             raise ValueError("lengths must be 1-D non-negative segment lengths in cu_seq_lens order")
         return np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
     if pack_info is not None:
@@ -136,6 +140,26 @@ def _host_cu(batch, lengths, pack_info) -> np.ndarray:
     if cu is None:
         raise ValueError("the batch has no cu_seq_lens_q; pass lengths= (segment lengths) or pack_info=")
     return torch.as_tensor(cu).to("cpu", torch.int64).numpy()  # on a GPU: the one host sync
+
+
+def _check_same_segments(given: torch.Tensor, cu: np.ndarray, cu_dev: torch.Tensor, source: str) -> None:
+    """The batch's own cu_seq_lens_q must be the segments ``lengths=``/``pack_info=`` describe: otherwise
+    shift_labels would cross document boundaries. Host tensors are compared on the host; a GPU tensor's size
+    is compared at once and its values on the device (``torch._assert_async``: no host sync, which is what
+    ``lengths=`` is for)."""
+    what = (f"{source}= gives segments cu_seqlens={cu.tolist() if len(cu) <= 12 else '[...]'} but the batch's "
+            f"cu_seq_lens_q")
+    if given.dim() != 1 or given.numel() != len(cu):
+        raise ValueError(f"{what} has {given.numel()} entries, not {len(cu)}; pass the batch's own segment lengths "
+                         f"(or neither, to read cu_seq_lens_q)")
+    if given.device.type == "cpu":
+        mismatch = np.flatnonzero(given.to(torch.int64).numpy() != cu)
+        if len(mismatch):
+            raise ValueError(f"{what} is {given.tolist() if len(cu) <= 12 else '[...]'} (first difference at entry "
+                             f"{int(mismatch[0])}); pass the batch's own segment lengths (or neither)")
+    else:
+        torch._assert_async((given.to(cu_dev.device, cu_dev.dtype) == cu_dev).all(),
+                            f"shard_context_parallel: {source}= disagrees with the batch's cu_seq_lens_q")
 
 
 def _local_cu_contiguous(cu: np.ndarray, padded_total: int, rank: int, n: int) -> np.ndarray:
@@ -250,6 +274,7 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
     :class:`CPShardInfo` for :func:`unshard_context_parallel`.
     """
     _check_cp(cp_size, cp_rank, mode)
+    pad_token_id, ignore_index = check_int(pad_token_id, "pad_token_id", 0), check_int(ignore_index, "ignore_index")
     if not isinstance(batch, dict) or "input_ids" not in batch:
         raise TypeError("batch must be a dict with input_ids (a packed batch from pack_sequences or a collator)")
     ids_in = batch["input_ids"]
@@ -278,7 +303,10 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
     cu_dev = batch.get("cu_seq_lens_q")
     if not (isinstance(cu_dev, torch.Tensor) and cu_dev.device == device and cu_dev.dtype == torch.int32
             and cu_dev.dim() == 1 and cu_dev.numel() == len(cu) and lengths is None and pack_info is None):
+        given = cu_dev
         cu_dev = to_device(host_tensor(cu.astype(np.int32)), device)
+        if isinstance(given, torch.Tensor) and (lengths is not None or pack_info is not None):
+            _check_same_segments(given, cu, cu_dev, "lengths" if lengths is not None else "pack_info")
     cup_dev = cu_dev if not zigzag else to_device(host_tensor(cup.astype(np.int32)), device)
     outs = _cp_op(which)(
         ids.contiguous(), labels.contiguous(), pos.reshape(num_tokens).to(torch.int64).contiguous(), cu_dev.contiguous(),

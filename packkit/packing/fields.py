@@ -33,6 +33,8 @@ EXTRA_FIELD_POLICIES = ("error", "drop", "keep")
 VISION_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 # Keys a packed batch produces itself; a sample field of the same name would be overwritten.
 OUTPUT_KEYS = ("position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+# The packed ids and labels: a field of that name would replace them (a stale input_ids / labels column).
+TOKEN_KEYS = ("input_ids", "labels")
 
 
 class SortedFields(NamedTuple):
@@ -78,17 +80,25 @@ def flatten_token_field(name: str, values: list) -> torch.Tensor:
 
 
 def sort_fields(fields: dict, lengths: np.ndarray, *, extra_fields: str = "error", vision: bool = True,
-                token_names=()) -> SortedFields:
+                token_names=(), reserved=()) -> SortedFields:
     """Classify ``fields`` ({name: per-sample values, or a flat ``[sum(lengths), *f]`` tensor}).
 
     ``token_names`` are always per-token (their lengths must match); ``vision=False`` treats the vision
-    names like any other field. Raises ValueError for anything not allowed (see the module docstring).
+    names like any other field; ``reserved`` names more output keys of the caller (``shift_labels``, ...).
+    Raises ValueError for anything not allowed (see the module docstring).
     """
     check_policy(extra_fields)
     n = len(lengths)
     total = int(lengths.sum())
     token, vis, keep, dropped = {}, {}, {}, []
     for name, values in fields.items():
+        if name in TOKEN_KEYS or name in reserved:
+            if extra_fields == "drop":
+                dropped.append(name)
+                continue
+            raise ValueError(f"field {name!r} would overwrite the packed batch's {name!r}, which packkit builds "
+                             f"from the input ids and labels it is given; remove it (e.g. a stale column beside "
+                             f"input_key/label_key) or pass extra_fields='drop'")
         if name in OUTPUT_KEYS:
             if extra_fields == "drop":
                 dropped.append(name)
@@ -172,7 +182,8 @@ def keep_in_packed_order(keep: dict, segments) -> dict:
     return {name: [values[i] for i in order] for name, values in keep.items()}
 
 
-def prepare_fields(fields, lengths: np.ndarray, flat_ids: torch.Tensor, *, extra_fields: str, pad_values, mrope):
+def prepare_fields(fields, lengths: np.ndarray, flat_ids: torch.Tensor, *, extra_fields: str, pad_values, mrope,
+                   reserved=()):
     """(SortedFields, pad values, MRopeSpec or None) for ``pack_sequences``, checked before any packing."""
     pad_values = check_pad_values(pad_values)
     spec = None
@@ -192,7 +203,8 @@ def prepare_fields(fields, lengths: np.ndarray, flat_ids: torch.Tensor, *, extra
         fields = dict(fields, mm_token_type_ids=[
             v if v is not None else token_types(flat_ids[offsets[i]:offsets[i + 1]], spec)
             for i, v in enumerate(types)])
-    return sort_fields(fields, lengths, extra_fields=extra_fields, token_names=token_names), pad_values, spec
+    return (sort_fields(fields, lengths, extra_fields=extra_fields, token_names=token_names, reserved=reserved),
+            pad_values, spec)
 
 
 def pack_fields(batch: dict, info, flat_ids: torch.Tensor, lengths: np.ndarray, sorted_fields: SortedFields,

@@ -17,6 +17,8 @@ import torch
 from ..planning.planner import Plan, Segments, as_lengths, plan as make_plan
 from .ops import has_cuda_kernels
 from .buffers import PackBuffers
+from .checks import (check_bool, check_pack_scalars, check_padding, check_plan_covers,
+                     check_token_ids, integer_tokens)
 from .fields import pack_fields, prepare_fields
 from .multimodal.mrope import check_mrope_start
 from .tensors import host_tensor, to_device
@@ -83,6 +85,7 @@ def pack_layout(segments: Segments, *, flat: bool, row_len: Optional[int] = None
             raise ValueError(f"the plan holds {total} tokens but the flat layout has row_len={row_len}")
         pads = int(total < row_len)
         rows = 1
+        check_padding(row_len, total, f"the flat batch of row_len={row_len}")
         max_seqlen = max(longest, row_len - total)
     else:
         if row_len is None:
@@ -92,6 +95,7 @@ def pack_layout(segments: Segments, *, flat: bool, row_len: Optional[int] = None
         if rows < num_bins:
             raise ValueError(f"the plan has {num_bins} rows but num_rows={rows}")
         _check_batch_size(rows, row_len)  # before the per-row arrays below (num_rows=2**32 found by fuzzing)
+        check_padding(rows * max(row_len, 1), total, f"the padded batch [{rows}, {row_len}]")
         bin_tokens = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
         if num_bins and int(bin_tokens.max()) > row_len:
             worst = int(np.argmax(bin_tokens))
@@ -149,21 +153,6 @@ def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
     return torch.from_numpy(values), lengths
 
 
-def check_plan_fits(segments: Segments, lengths: np.ndarray) -> None:
-    """ValueError unless every segment lies inside its source sequence (host-side, vectorised)."""
-    seq, start, length = segments.seq_index, segments.start, segments.length
-    if len(seq) == 0:
-        return
-    if seq.min() < 0 or seq.max() >= len(lengths):
-        raise ValueError(f"the plan names sequence {int(seq.max())} but there are {len(lengths)} sequences")
-    bad = np.flatnonzero((start < 0) | (length < 1) | (start + length > lengths[seq]))
-    if len(bad):
-        j = int(bad[0])
-        raise ValueError(f"plan segment {j} covers tokens [{int(start[j])}, {int(start[j] + length[j])}) of "
-                         f"sequence {int(seq[j])}, which has {int(lengths[seq[j]])}: the plan was made for "
-                         f"other lengths")
-
-
 def _count(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value!r}")
@@ -197,15 +186,14 @@ def _op(name: str, backend: str):
     return getattr(torch.ops.packkit, name)
 
 
-def source_tokens(sequences, lengths, labels):
-    """(flat int ids, int64 numpy lengths, flat int labels or None) of pack_sequences' inputs, checked."""
+def source_tokens(sequences, lengths, labels, ignore_index: int = -100):
+    """(flat int ids, int64 numpy lengths, flat int labels or None) of pack_sequences' inputs, checked:
+    integer dtypes only, ids >= 0 (see :mod:`.checks`)."""
     flat_ids, seq_lengths = flatten_sequences(sequences, lengths)
     if flat_ids.dim() != 1:
         raise ValueError(f"input ids must be 1-D per sequence, got trailing dims {tuple(flat_ids.shape[1:])}")
-    if flat_ids.dtype not in (torch.int64, torch.int32):
-        if flat_ids.dtype.is_floating_point or flat_ids.dtype == torch.bool:
-            raise TypeError(f"input ids must be an integer tensor, got {flat_ids.dtype}")
-        flat_ids = flat_ids.to(torch.int64)
+    flat_ids = integer_tokens(flat_ids, "input ids")
+    check_token_ids(flat_ids, "input ids", seq_lengths)
     flat_labels = None
     if labels is not None:
         flat_labels, label_lengths = flatten_sequences(labels, lengths, name="labels")
@@ -214,8 +202,10 @@ def source_tokens(sequences, lengths, labels):
             raise ValueError("labels must have the same lengths as the sequences"
                              + (f" (sequence {i}: {seq_lengths[i]} ids, {label_lengths[i]} labels)" if i >= 0 else
                                 f" ({len(label_lengths)} label sequences for {len(seq_lengths)} sequences)"))
-        if flat_labels.dtype not in (torch.int64, torch.int32):
-            flat_labels = flat_labels.to(torch.int64)
+        if flat_labels.dim() != 1:
+            raise ValueError(f"labels must be 1-D per sequence, got trailing dims {tuple(flat_labels.shape[1:])}")
+        flat_labels = integer_tokens(flat_labels, "labels")  # values are the loss's to check (any negative is
+        # ignored by some trainers' conventions); only their dtype is refused here
     return flat_ids, seq_lengths, flat_labels
 
 
@@ -229,7 +219,7 @@ def plan_layout(seq_lengths, plan, capacity, algorithm, overlong, layout, row_le
         if plan.num_sequences != len(seq_lengths):
             raise ValueError(f"the plan is for {plan.num_sequences} sequences but {len(seq_lengths)} were given")
         segments = plan.segments
-        check_plan_fits(segments, seq_lengths)
+        check_plan_covers(plan, seq_lengths)
         if layout == "padded" and row_len is None:
             row_len = plan.capacity
     elif layout == "flat":
@@ -287,7 +277,10 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     check_layout(layout)
     if out is not None and not isinstance(out, PackBuffers):
         raise TypeError(f"out must be a packkit.PackBuffers, got {type(out).__name__}")
-    flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels)
+    pad_token_id, ignore_index, position_ids_start, mask_first_label = check_pack_scalars(
+        pad_token_id, ignore_index, position_ids_start, mask_first_label)
+    check_bool(return_info, "return_info")
+    flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels, ignore_index)
     extra = None
     if fields or mrope is not None:
 
@@ -341,6 +334,14 @@ def unpack_sequences(packed: torch.Tensor, info: PackInfo, *, padded: bool = Fal
     ``padded=True``, ``[num_sequences, max_len, *f]`` (``max_len`` defaults to the longest
     sequence). Tokens the plan did not keep (dropped or truncated) get ``pad_value``.
     """
+    if not isinstance(packed, torch.Tensor):
+        raise TypeError(f"packed must be a tensor (the model's per-token output), got {type(packed).__name__}")
+    if not isinstance(info, PackInfo):
+        raise TypeError(f"info must be the PackInfo of pack_sequences(..., return_info=True), got "
+                        f"{type(info).__name__}")
+    if isinstance(pad_value, bool) or not isinstance(pad_value, numbers.Real):
+        raise TypeError(f"pad_value must be a number, got {type(pad_value).__name__} {pad_value!r}")
+    check_bool(padded, "padded")
     shape = info.layout
     if shape.flat and packed.dim() >= 2 and packed.shape[0] == 1 and packed.shape[1] == shape.row_len:
         packed = packed[0]
@@ -353,6 +354,8 @@ def unpack_sequences(packed: torch.Tensor, info: PackInfo, *, padded: bool = Fal
     if padded:
         longest = int(info.lengths.max()) if len(info.lengths) else 0
         max_len = longest if max_len is None else _count(max_len, "max_len")
+        check_padding(len(info.lengths) * max_len, int(info.lengths.sum()),
+                      f"unpack_sequences(padded=True, max_len={max_len}) of {len(info.lengths)} sequences")
         return _op("unpack_padded", which)(packed.contiguous(), info.seg_seq, info.seg_start, info.cu_seqlens,
                                            info.cu_seg, shape.flat, len(info.lengths), max_len, float(pad_value))
     return _op("unpack", which)(packed.contiguous(), info.src_offsets, info.seg_seq, info.seg_start,

@@ -1,0 +1,139 @@
+"""Argument checks of the packing entry points: scalar options, token ids, labels, plan coverage and
+allocation size. Each raises ValueError/TypeError naming the argument, what was wrong and what is allowed
+(the rules are listed in docs/reliability.md).
+
+Token ids and labels on the host (lists, numpy arrays, CPU tensors) are checked on the host before anything
+is copied. Tensors already on a GPU are checked on the device with ``torch._assert_async``: no host sync, the
+failure surfaces at the next synchronisation. It trashes the CUDA context, but so would the embedding lookup
+a negative id reaches next (a device-side index assert); the check only makes it fail earlier, named.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Optional
+
+import numpy as np
+import torch
+
+# Padding a call may add beyond its real tokens: up to this many tokens, or up to PADDING_RATIO times the
+# real tokens if that is more. A batch of 10 tokens padded to 10**9 (a typo'd num_rows, row_len, capacity
+# or pad_to_multiple_of) would otherwise allocate gigabytes (or be killed for memory) before any error.
+MAX_PADDING_TOKENS = 2**24
+PADDING_RATIO = 8
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32)
+
+
+def check_int(value, name: str, minimum: Optional[int] = None) -> int:
+    """``value`` as a Python int (numpy ints accepted); TypeError for bools, floats, strings; ValueError
+    below ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_bool(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def check_pack_scalars(pad_token_id, ignore_index, position_ids_start, mask_first_label=True) -> tuple:
+    """(pad_token_id, ignore_index, position_ids_start, mask_first_label) checked: the padding id is an
+    embedding index (>= 0), positions start at >= 0 (learned position embeddings index with them)."""
+    return (check_int(pad_token_id, "pad_token_id", 0), check_int(ignore_index, "ignore_index"),
+            check_int(position_ids_start, "position_ids_start", 0), check_bool(mask_first_label, "mask_first_label"))
+
+
+def check_separator(separator_id, ignore_index: int) -> int:
+    """A first-label value: a token id (>= 0) or ``ignore_index``."""
+    separator_id = check_int(separator_id, "separator_id")
+    if separator_id < 0 and separator_id != ignore_index:
+        raise ValueError(f"separator_id must be >= 0 (a token id) or ignore_index={ignore_index}, got {separator_id}")
+    return separator_id
+
+
+def integer_tokens(flat: torch.Tensor, name: str) -> torch.Tensor:
+    """``flat`` as int64/int32 token values; TypeError for float, bool and complex tensors (a silent
+    conversion would truncate 1.7 to 1 or read a mask as ids)."""
+    if flat.dtype in (torch.int64, torch.int32):
+        return flat
+    if flat.dtype not in _INT_DTYPES:
+        raise TypeError(f"{name} must be an integer tensor of token ids (int64, int32 or a narrower integer "
+                        f"dtype), got {flat.dtype}")
+    return flat.to(torch.int64)
+
+
+def _first_bad(bad: torch.Tensor, lengths: Optional[np.ndarray]) -> str:
+    i = int(torch.nonzero(bad)[0, 0])
+    if lengths is None or not len(lengths):
+        return f"flat position {i}"
+    seq = int(np.searchsorted(np.cumsum(lengths), i, side="right"))
+    start = int(np.sum(lengths[:seq]))
+    return f"sequence {seq}, token {i - start}"
+
+
+def check_token_ids(flat: torch.Tensor, name: str, lengths: Optional[np.ndarray] = None) -> None:
+    """Token ids index the embedding: ValueError (host) or a device assert (GPU) for a negative one."""
+    if flat.numel() == 0 or flat.dtype == torch.uint8:
+        return
+    if flat.device.type != "cpu":
+        torch._assert_async(flat.min() >= 0, f"{name}: a token id is negative; token ids must be >= 0")
+        return
+    bad = flat < 0
+    if bool(bad.any()):
+        raise ValueError(f"{name} has a negative token id ({_first_bad(bad, lengths)}: {int(flat[bad][0])}); "
+                         f"token ids index the embedding and must be >= 0")
+
+
+def check_padding(out_tokens: int, real_tokens: int, what: str) -> None:
+    """ValueError when a call would allocate far more padding than it has tokens (see MAX_PADDING_TOKENS)."""
+    padding = out_tokens - real_tokens
+    if padding > max(MAX_PADDING_TOKENS, PADDING_RATIO * real_tokens):
+        raise ValueError(f"{what} holds {out_tokens} tokens for {real_tokens} real ones; packkit refuses more than "
+                         f"max({MAX_PADDING_TOKENS}, {PADDING_RATIO} x the real tokens) of padding (a num_rows, "
+                         f"row_len, capacity, max_len or pad_to_multiple_of far larger than the data)")
+
+
+def check_plan_covers(plan, lengths: np.ndarray) -> None:
+    """ValueError unless ``plan`` was made for these ``lengths``: every segment lies inside its sequence, a
+    sequence's segments do not overlap, and together they cover what the plan says it keeps of it (all of
+    it; nothing if it was dropped; the first ``capacity`` tokens if truncated). Host-side, vectorised."""
+    seg = plan.segments
+    seq, start, length = seg.seq_index, seg.start, seg.length
+    n = len(lengths)
+    if len(seq) and (seq.min() < 0 or seq.max() >= n):
+        raise ValueError(f"the plan names sequence {int(seq.max() if seq.max() >= n else seq.min())} but there "
+                         f"are {n} sequences")
+    expect = lengths.astype(np.int64, copy=True)
+    for name, idx in (("dropped", plan.dropped), ("truncated", plan.truncated)):
+        idx = np.asarray(idx, np.int64)
+        if len(idx) and (idx.min() < 0 or idx.max() >= n):
+            raise ValueError(f"the plan's {name} list names a sequence outside [0, {n})")
+        short = idx[lengths[idx] <= plan.capacity] if len(idx) else idx
+        if len(short):
+            i = int(short[0])
+            raise ValueError(f"the plan {name} sequence {i} as longer than capacity={plan.capacity}, but it has "
+                             f"{int(lengths[i])} tokens: the plan was made for other lengths")
+        expect[idx] = 0 if name == "dropped" else plan.capacity
+    bad = np.flatnonzero((start < 0) | (length < 1) | (start + length > expect[seq])) if len(seq) else seq
+    if len(bad):
+        j = int(bad[0])
+        raise ValueError(f"plan segment {j} covers tokens [{int(start[j])}, {int(start[j] + length[j])}) of "
+                         f"sequence {int(seq[j])}, which has {int(lengths[seq[j]])} (the plan keeps "
+                         f"{int(expect[seq[j]])}): the plan was made for other lengths")
+    covered = np.bincount(seq, weights=length, minlength=n).astype(np.int64) if len(seq) else np.zeros(n, np.int64)
+    if len(seq) > 1:
+        order = np.lexsort((start, seq))
+        s, b, e = seq[order], start[order], start[order] + length[order]
+        overlap = np.flatnonzero((s[1:] == s[:-1]) & (b[1:] < e[:-1]))
+        if len(overlap):
+            i = int(s[overlap[0]])
+            raise ValueError(f"the plan's segments of sequence {i} overlap: it would pack some of its tokens twice")
+    missing = np.flatnonzero(covered != expect)
+    if len(missing):
+        i = int(missing[0])
+        raise ValueError(f"the plan packs {int(covered[i])} tokens of sequence {i}, which has {int(lengths[i])} "
+                         f"(the plan should keep {int(expect[i])}): the plan was made for other lengths; make it "
+                         f"from these lengths")
