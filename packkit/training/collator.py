@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from ..context_parallel import cp_plan_multiple, pack_context_parallel, parse_context_parallel, shard_context_parallel
-from ..context_parallel.shard import check_cp_capacity
+from ..context_parallel.shard import CP_OUTPUT_KEYS, check_cp_capacity
+from ..packing.checks import check_bool, check_pack_scalars, check_separator, integer_tokens
 from ..packing.buffers import PackBuffers
 from ..packing.fields import check_pad_values, check_policy, prepare_fields
 from ..packing.multimodal import mrope_spec
@@ -57,8 +58,12 @@ class PackingCollator:
             a ``{layer_type: BlockMask}`` mapping. Without it the mask is document-causal and raises ValueError
             when a windowed layer would use it with a document longer than the window.
         model_config: the model's config, for ``return_block_mask=True`` (its layer types and windows).
-        return_num_items: add ``num_items_in_batch`` (0-d int64 tensor, labels that count in the
-            loss) so the loss is normalised by tokens, not by rows; HF models pass it to their loss.
+        return_num_items: add ``num_items_in_batch`` (0-d int64 tensor) so the loss is normalised by tokens,
+            not by rows; HF models pass it to their loss. It is exactly the targets transformers' causal-LM
+            loss counts: ``labels[..., 1:] != ignore_index`` per row (each row's first label is never a
+            target; a document's separator label is, from the previous document). Under context parallelism
+            it is the ranks' ``shift_labels != ignore_index`` summed over all ranks (the same number on every
+            rank): the sum of the ranks' losses is then the batch's mean loss.
         pad_values, extra_fields: every other feature key is packed or refused, never dropped silently
             (:mod:`packkit.fields`): per-token fields are packed like ``input_ids`` (padding
             ``pad_values.get(name, 0)``), an all-ones ``attention_mask`` is accepted and left out, vision
@@ -79,7 +84,7 @@ class PackingCollator:
         context_parallel: ``(cp_size, cp_rank)`` or ``(cp_size, cp_rank, mode)`` (mode ``"zigzag"``, default,
             or ``"contiguous"``): return this context-parallel rank's shard of the packed batch
             (:func:`packkit.shard_context_parallel`: ``shift_labels``, global ``position_ids``, local
-            ``cu_seq_lens_q/k``; ``num_items_in_batch`` counts the whole batch), built straight from the features
+            ``cu_seq_lens_q/k``; ``num_items_in_batch`` counts all ranks' targets), built straight from the features
             in one ``cp_shard`` launch (:func:`packkit.pack_context_parallel`; with vision inputs or
             ``extra_fields="keep"`` lists: packed, then sharded). With a ``capacity``, rows are
             planned with ``pad_to_multiple_of=2 * cp_size`` in zigzag mode (capacity must be a multiple), so
@@ -106,6 +111,15 @@ class PackingCollator:
             raise ValueError("num_rows applies to layout='padded' only")
         self.capacity, self.layout, self.algorithm, self.overlong = capacity, layout, algorithm, overlong
         self.num_rows, self.pad_to_multiple_of, self.pad_to_capacity = num_rows, pad_to_multiple_of, pad_to_capacity
+        pad_token_id, ignore_index, position_ids_start, _ = check_pack_scalars(pad_token_id, ignore_index,
+                                                                              position_ids_start)
+        separator_id = None if separator_id is None else check_separator(separator_id, ignore_index)
+        for name, value in (("pad_to_capacity", pad_to_capacity), ("return_block_mask", return_block_mask),
+                            ("return_num_items", return_num_items), ("reuse_buffers", reuse_buffers)):
+            check_bool(value, name)
+        if not isinstance(input_key, str) or not isinstance(label_key, str) or input_key == label_key:
+            raise ValueError(f"input_key and label_key must be two different str keys, got {input_key!r}, "
+                             f"{label_key!r}")
         self.pad_token_id, self.ignore_index, self.separator_id = pad_token_id, ignore_index, separator_id
         self.position_ids_start, self.device, self.backend = position_ids_start, device, backend
         self.return_block_mask, self.return_num_items = return_block_mask, return_num_items
@@ -145,7 +159,7 @@ class PackingCollator:
                 label_kind.append(kind)
                 label_raw.append(feature[kind] if kind else None)
                 for key in feature:
-                    if key != self.input_key and key != kind and key not in fields:
+                    if key not in (self.input_key, self.label_key, kind) and key not in fields:
                         fields[key] = [f.get(key) if isinstance(f, Mapping) else None for f in features]
             else:
                 ids_raw.append(feature)
@@ -154,8 +168,9 @@ class PackingCollator:
         if not ids_raw:
             return torch.zeros(0, dtype=torch.int64), None, np.zeros(0, np.int64), fields
         flat_ids, lengths = flatten_sequences(ids_raw, name=self.input_key)
-        if flat_ids.dim() != 1 or flat_ids.dtype.is_floating_point or flat_ids.dtype == torch.bool:
+        if flat_ids.dim() != 1:
             raise TypeError(f"{self.input_key} must be 1-D sequences of integer token ids")
+        flat_ids = integer_tokens(flat_ids, self.input_key)
         if all(k is None for k in label_kind):
             return flat_ids, None, lengths, fields
         if all(k == self.label_key for k in label_kind):
@@ -164,7 +179,7 @@ class PackingCollator:
                 i = int(np.flatnonzero(label_lengths != lengths)[0])
                 raise ValueError(f"feature {i}: {self.label_key} has {label_lengths[i]} entries but "
                                  f"{self.input_key} has {lengths[i]}")
-            return flat_ids, flat_labels.to(torch.int64), lengths, fields
+            return flat_ids, integer_tokens(flat_labels, self.label_key).to(torch.int64), lengths, fields
         # Mixed: labels, completion/assistant masks, or none (labels = ids) per feature.
         offsets = np.concatenate(([0], np.cumsum(lengths)))
         parts = []
@@ -177,13 +192,14 @@ class PackingCollator:
             if values.shape != ids.shape:
                 raise ValueError(f"feature {i}: {kind} has {values.shape[0] if values.dim() else 0} entries but "
                                  f"{self.input_key} has {ids.shape[0]}")
-            parts.append(values.to(torch.int64) if kind == self.label_key
+            parts.append(integer_tokens(values, f"feature {i}: {kind}").to(torch.int64) if kind == self.label_key
                          else torch.where(values.to(torch.bool), ids, self.ignore_index))
         return flat_ids, torch.cat(parts), lengths, fields
 
     # -- the batch -------------------------------------------------------------------------------
     def __call__(self, features) -> dict:
         flat_ids, flat_labels, lengths, fields = self._gather(features)
+        self._check_reserved(fields)
         extra = dict(fields=fields, pad_values=self.pad_values, extra_fields=self.extra_fields, mrope=self.mrope)
         mask_first = self.separator_id is not None
         plan, pack_args = self._plan(lengths)
@@ -198,7 +214,7 @@ class PackingCollator:
         if mask_first and self.separator_id != self.ignore_index:
             self._set_first_labels(batch, info)
         if self.return_num_items:
-            batch["num_items_in_batch"] = batch["labels"].ne(self.ignore_index).sum()
+            batch["num_items_in_batch"] = _packed_num_items(batch, self.ignore_index, self.context_parallel is not None)
         if self.return_block_mask:
             # The mask keeps seq_idx for attention time: a reused buffer would change under it.
             seq_idx = batch["seq_idx"] if self.buffers is None else batch["seq_idx"].clone()
@@ -253,8 +269,20 @@ class PackingCollator:
             fields=token_fields or None, pad_values=self.pad_values, **pack_args)
         if self.return_num_items:
             out["num_items_in_batch"] = _num_items(flat_ids if flat_labels is None else flat_labels, lengths, plan,
-                                                   self.separator_id, self.ignore_index, out["input_ids"].device)
+                                                   self.ignore_index, out["input_ids"].device)
         return out
+
+    def _check_reserved(self, fields: dict) -> None:
+        """A feature key this collator writes itself would be replaced silently: refuse it (pack_sequences
+        refuses input_ids / labels; these are the collator's own outputs)."""
+        reserved = (("num_items_in_batch",) if self.return_num_items else ()) + (
+            CP_OUTPUT_KEYS if self.context_parallel is not None else ())
+        clash = [k for k in reserved if k in fields]
+        if clash and self.extra_fields != "drop":
+            raise ValueError(f"feature key {clash[0]!r} would be replaced by the collator's own output; remove it "
+                             f"from the features or pass extra_fields='drop'")
+        for key in clash:
+            del fields[key]
 
     def _set_first_labels(self, batch: dict, info) -> None:
         """Put separator_id at the first label of every real (non-padding) segment."""
@@ -272,10 +300,12 @@ class PackingCollator:
         labels[torch.from_numpy(starts).to(labels.device, non_blocking=True)] = self.separator_id
 
 
-def _num_items(labels: torch.Tensor, lengths, plan, first_label, ignore_index: int, device) -> torch.Tensor:
-    """Labels of the whole packed batch that count in the loss (``labels.ne(ignore_index).sum()`` of the packed
-    batch, as a 0-d int64 tensor on ``device``), from the unpacked labels and the plan: no packed batch needed,
-    no host sync (the segment bounds are host ints)."""
+def _num_items(labels: torch.Tensor, lengths, plan, ignore_index: int, device) -> torch.Tensor:
+    """The targets a context-parallel causal-LM loss counts over all CP ranks together (the ranks'
+    ``shift_labels.ne(ignore_index)`` summed), as a 0-d int64 tensor on ``device``, from the unpacked labels
+    and the plan: no packed batch needed, no host sync (the segment bounds are host ints). A segment's
+    ``shift_labels`` are its labels from its second token on (its first label, separator or not, is
+    never a target: the previous token's shift label is ``ignore_index`` at the document boundary)."""
     lengths = np.asarray(lengths, np.int64)
     if plan is None:
         seq = np.flatnonzero(lengths > 0)
@@ -284,10 +314,23 @@ def _num_items(labels: torch.Tensor, lengths, plan, first_label, ignore_index: i
         seq, start, length = plan.segments.seq_index, plan.segments.start, plan.segments.length
     begin = np.concatenate(([0], np.cumsum(lengths)))[seq] + start
     counts = torch.cat((labels.new_zeros(1, dtype=torch.int64), labels.ne(ignore_index).cumsum(0)))
-    index = torch.from_numpy(begin).to(labels.device, non_blocking=True)
+    second = torch.from_numpy(begin + 1).to(labels.device, non_blocking=True)
     ends = torch.from_numpy(begin + length).to(labels.device, non_blocking=True)
-    total = (counts[ends] - counts[index]).sum()
-    if first_label is not None:
-        total = total + len(begin) * int(first_label != ignore_index) - labels[index].ne(ignore_index).sum()
-    return total.to(device)
+    return (counts[ends] - counts[second]).sum().to(device)
 
+
+def _packed_num_items(batch: dict, ignore_index: int, context_parallel: bool) -> torch.Tensor:
+    """The targets the model's causal-LM loss counts in a packed batch (device ops, no host sync).
+
+    transformers' ``ForCausalLMLoss`` shifts each row's labels (``labels[..., 1:]``), so a row's first label
+    is never a target while a document's first label (a separator, or the token itself with
+    ``separator_id=None``) is the target of the previous document's last token. Under context parallelism
+    the loss reads ``shift_labels`` instead, where every segment's last token has ``ignore_index``: there
+    the count is every segment's labels from its second token on, over the whole batch (all CP ranks).
+    """
+    labels = batch["labels"]
+    if not context_parallel:
+        return labels[..., 1:].ne(ignore_index).sum()
+    flat = labels.reshape(-1)
+    cu = batch["cu_seq_lens_q"].to(flat.device, torch.int64)
+    return flat.ne(ignore_index).sum() - flat[cu[:-1]].ne(ignore_index).sum()
