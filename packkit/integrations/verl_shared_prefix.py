@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..shared_prefix import pack_rollout_groups, register_attention, rollout_logprobs
+from ..shared_prefix.checks import check_temperature
 from ..shared_prefix.logprobs import completion_values
 
 
@@ -32,9 +33,30 @@ def shared_prefix_log_probs(model, micro_batch, uids, *, temperature: float = 1.
                             layout=None, attention: str = "auto"):
     """``(entropy or None, log_probs)``, each ``[b, response_length]``, for verl's micro-batch dict / TensorDict
     with ``input_ids``, ``attention_mask`` and ``responses`` (prompt columns = S - response_length)."""
-    input_ids, attention_mask = micro_batch["input_ids"], micro_batch["attention_mask"]
-    width = int(micro_batch["responses"].shape[-1])
+    temperature = check_temperature(temperature)
+    if not isinstance(calculate_entropy, (bool, np.bool_)):
+        raise TypeError(f"calculate_entropy must be True or False, got {type(calculate_entropy).__name__}")
+    if not hasattr(micro_batch, "keys"):
+        raise TypeError(f"micro_batch must be verl's micro-batch (a dict or TensorDict), got {type(micro_batch).__name__}")
+    keys = set(micro_batch.keys())  # TensorDict refuses `key in td`
+    missing = [k for k in ("input_ids", "attention_mask", "responses") if k not in keys]
+    if missing:
+        raise ValueError(f"micro_batch lacks {missing}: verl's micro-batch holds input_ids, attention_mask and "
+                         "responses")
+    input_ids, attention_mask, responses = (micro_batch[k] for k in ("input_ids", "attention_mask", "responses"))
+    for name, value in (("input_ids", input_ids), ("responses", responses)):
+        if not isinstance(value, torch.Tensor) or value.dim() != 2:
+            raise TypeError(f"micro_batch[{name!r}] must be a [batch, length] tensor, got "
+                            f"{type(value).__name__}{'' if not isinstance(value, torch.Tensor) else f' {value.dim()}-d'}")
+    width = int(responses.shape[-1])
+    if responses.shape[0] != input_ids.shape[0] or width > input_ids.shape[1]:
+        raise ValueError(f"micro_batch['responses'] {tuple(responses.shape)} must have input_ids' rows and at most "
+                         f"its {input_ids.shape[1]} columns (input_ids {tuple(input_ids.shape)}): the response "
+                         "columns are input_ids' last ones")
     uids = np.asarray(uids, dtype=object)
+    if uids.shape != (input_ids.shape[0],):
+        raise ValueError(f"uids must hold one id per row of the micro-batch ({input_ids.shape[0]}), got shape "
+                         f"{uids.shape}")
     batch, info = pack_rollout_groups(input_ids, attention_mask, uids, np.arange(input_ids.shape[0]), layout,
                                       prompt_length=int(input_ids.shape[1]) - width, attention=attention)
     name = register_attention()

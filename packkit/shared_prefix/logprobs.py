@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
+from .checks import as_values, check_float_tensor, check_real, check_shape, check_temperature
 from .pack import SharedPrefixInfo
 
 
@@ -28,14 +30,26 @@ class CompletionLogprobs(NamedTuple):
         return self.padded.masked_fill(~self.mask, 0).sum(-1)
 
 
-def _flat(values: torch.Tensor, info: SharedPrefixInfo) -> torch.Tensor:
+def _check_info(info, name: str = "info") -> None:
+    if not isinstance(info, SharedPrefixInfo):
+        raise TypeError(f"{name} must be the SharedPrefixInfo that pack_groups / pack_tree returned, got "
+                        f"{type(info).__name__}")
+
+
+def _flat(values: torch.Tensor, info: SharedPrefixInfo, name: str = "values") -> torch.Tensor:
     rows, row_len = info.layout.num_rows, info.layout.row_len
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor [{rows}, {row_len}, ...] (the packed batch), got "
+                        f"{type(values).__name__}" + (" (use torch.from_numpy)" if hasattr(values, "__array__") else ""))
+    if values.dim() == 0:
+        raise ValueError(f"{name} must be [{rows}, {row_len}, ...] (the packed batch) or [{rows * row_len}, ...], "
+                         "got a 0-d tensor")
     if values.dim() >= 2 and tuple(values.shape[:2]) == (rows, row_len):
         return values.reshape(rows * row_len, *values.shape[2:])
     if values.shape[0] == rows * row_len:
         return values
-    raise ValueError(f"expected per-token values of shape [{rows}, {row_len}, ...] (the packed batch) or "
-                     f"[{rows * row_len}, ...], got {tuple(values.shape)}")
+    raise ValueError(f"{name} must be [{rows}, {row_len}, ...] (the packed batch) or [{rows * row_len}, ...], got "
+                     f"{tuple(values.shape)}")
 
 
 def _to_padded(flat_scored: torch.Tensor, info: SharedPrefixInfo, fill) -> tuple:
@@ -56,25 +70,36 @@ def completion_logprobs(logits: torch.Tensor, info: SharedPrefixInfo, *, tempera
     """Per-token log-probs of every completion (differentiable w.r.t. ``logits``).
 
     Args:
-        logits: the model's ``[R, S, V]`` output on the packed batch (any float dtype; computed in fp32 for
-            half precision, in the logits' dtype otherwise).
+        logits: the model's ``[R, S, V]`` output on the packed batch (a floating tensor: fp16 / bf16 computed in
+            fp32, fp32 / fp64 in their own dtype; int, bool and complex logits are refused, never cast).
         info: from :func:`pack_groups` / :func:`pack_tree`.
-        temperature: logits are divided by it first (GRPO's sampling temperature).
+        temperature: logits are divided by it first (GRPO's sampling temperature): a finite real >= 1e-6.
         input_ids: the targets' source (default: the packed ``input_ids`` the batch holds).
+
+    Every target must be a token of the vocabulary (``V`` > token id): checked on the host when the ids are
+    known there (ValueError naming both); for ids only on a GPU the check would sync, so the log-prob of an
+    out-of-vocabulary target is NaN instead (never a value read from another token, never a device assert).
     """
-    if not (isinstance(temperature, (int, float)) and temperature > 0):
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
-    flat = _flat(logits, info)
+    temperature = check_temperature(temperature)
+    _check_info(info)
+    check_float_tensor(logits, "logits", "[R, S, V]")
+    flat = _flat(logits, info, "logits")
     if flat.dim() != 2:
         raise ValueError(f"logits must be [R, S, V], got {tuple(logits.shape)}")
+    vocab = flat.shape[1]
     work = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
     targets = _targets(info, input_ids, flat.device)
+    outside = _check_vocab(targets, vocab, info if input_ids is None else None)
+    if outside is not None:
+        targets = targets.clamp(max=max(vocab - 1, 0))
     rows, inverse = torch.unique(info.pred, return_inverse=True) if info.pred.numel() else (info.pred, info.pred)
     picked = work.index_select(0, rows)
     if temperature != 1.0:
         picked = picked / temperature
     lse = torch.logsumexp(picked, dim=-1)
     logp = picked[inverse, targets] - lse[inverse]
+    if outside is not None:
+        logp = logp.masked_fill(outside, float("nan"))
     padded, mask = _to_padded(logp, info, 0.0)
     padded = padded.masked_fill(~mask, 0.0)
     return CompletionLogprobs(padded, mask, _split(padded, info))
@@ -82,14 +107,43 @@ def completion_logprobs(logits: torch.Tensor, info: SharedPrefixInfo, *, tempera
 
 def _targets(info: SharedPrefixInfo, input_ids, device) -> torch.Tensor:
     ids = info.input_ids if input_ids is None else input_ids
-    return _flat(ids, info).index_select(0, info.target).long()
+    if input_ids is not None and isinstance(ids, torch.Tensor) and (ids.is_floating_point() or ids.is_complex()
+                                                                    or ids.dtype == torch.bool):
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
+    flat = _flat(ids, info, "input_ids")
+    if flat.dim() != 1:
+        raise ValueError(f"input_ids must be [R, S] like the packed batch, got {tuple(ids.shape)}")
+    if flat.device != device:
+        raise ValueError(f"input_ids are on {flat.device} but the logits are on {device}")
+    return flat.index_select(0, info.target).long()
+
+
+def _check_vocab(targets: torch.Tensor, vocab: int, info) -> torch.Tensor | None:
+    """Refuse a target id >= ``vocab`` (or < 0) where the ids are known on the host; on a GPU, return the mask
+    of such targets (their log-prob becomes NaN) instead of syncing."""
+    known = info.max_token_id if info is not None else None
+    if known is None and targets.device.type == "cpu":
+        known = int(targets.max()) if targets.numel() else None
+        if targets.numel() and int(targets.min()) < 0:
+            raise ValueError(f"input_ids hold token id {int(targets.min())}: token ids must be >= 0")
+    if known is not None:
+        if known >= vocab:
+            raise ValueError(f"the logits have a vocabulary of {vocab}, but the batch holds token id {known}: these "
+                             "logits are not the model's output on this batch (or the tokenizer and model differ)")
+        return None
+    return (targets >= vocab) | (targets < 0)
 
 
 def completion_values(values: torch.Tensor, info: SharedPrefixInfo, *, shift: bool = True, fill=0.0) -> tuple:
     """Any per-token output ``[R, S, *]`` (values, entropy, ...) -> ``([N, W, *], mask [N, W])`` in the layout of
     :func:`completion_logprobs`. ``shift=True`` reads the predicting position (as log-probs do: a critic's value
-    or an entropy "at" token ``j`` is computed from the logits before it); ``shift=False`` the token's own."""
+    or an entropy "at" token ``j`` is computed from the logits before it); ``shift=False`` the token's own.
+    ``fill`` (the value past each sequence's end) must be representable in ``values``' dtype."""
+    _check_info(info)
+    if not isinstance(shift, (bool, np.bool_)):
+        raise TypeError(f"shift must be True or False, got {type(shift).__name__} {shift!r}")
     flat = _flat(values, info)
+    _check_fill(fill, flat.dtype)
     picked = flat.index_select(0, info.pred if shift else info.target)
     padded, mask = _to_padded(picked, info, fill)
     if not shift:
@@ -99,12 +153,24 @@ def completion_values(values: torch.Tensor, info: SharedPrefixInfo, *, shift: bo
 
 def dpo_logps(result: CompletionLogprobs, info: SharedPrefixInfo) -> tuple:
     """``(chosen [P], rejected [P])`` summed log-probs for DPO pairs packed as groups of two completions
-    (``completions[g] = [chosen, rejected]``)."""
-    group = info.forest.seq_group
-    counts = torch.bincount(torch.from_numpy(group)) if len(group) else torch.zeros(0, dtype=torch.long)
+    (``completions[g] = [chosen, rejected]``): the two sequences of a pair must be adjacent, chosen first."""
+    if not isinstance(result, CompletionLogprobs):
+        raise TypeError(f"result must be the CompletionLogprobs of completion_logprobs, got {type(result).__name__}")
+    _check_info(info)
+    if result.padded.dim() < 1 or result.padded.shape[0] != info.num_sequences:
+        raise ValueError(f"result holds {result.padded.shape[0] if result.padded.dim() else 0} sequences but info "
+                         f"{info.num_sequences}: they are not from the same batch")
+    group = np.asarray(info.forest.seq_group, np.int64)
+    _, counts = np.unique(group, return_counts=True)
     if len(group) % 2 or (counts != 2).any():
         raise ValueError("DPO needs every group to hold exactly two completions [chosen, rejected]; got group sizes "
                          f"{sorted(set(counts.tolist()))}")
+    apart = np.flatnonzero(group[0::2] != group[1::2])
+    if len(apart):
+        p = int(apart[0])
+        raise ValueError(f"sequences {2 * p} and {2 * p + 1} are in groups {int(group[2 * p])} and "
+                         f"{int(group[2 * p + 1])}: DPO pairs must be adjacent (chosen, then rejected of the same "
+                         "group), as pack_groups lays them out")
     sums = result.sums()
     return sums[0::2], sums[1::2]
 
@@ -112,10 +178,34 @@ def dpo_logps(result: CompletionLogprobs, info: SharedPrefixInfo) -> tuple:
 def grpo_token_mean_loss(logprobs: CompletionLogprobs, advantages: torch.Tensor, old_logprobs=None, *,
                          clip_eps: float = 0.2) -> torch.Tensor:
     """GRPO's clipped surrogate, averaged over all completion tokens (the "token-mean" loss aggregation).
-    ``advantages``: ``[N]`` per sequence; ``old_logprobs``: ``[N, W]`` (default: detached current ones)."""
-    old = logprobs.padded.detach() if old_logprobs is None else old_logprobs
+
+    ``advantages``: ``[N]`` per sequence or ``[N, W]`` per token; ``old_logprobs``: ``[N, W]`` (default: detached
+    current ones); both exactly (a ``[1, W]`` or ``[W]`` tensor is refused, not broadcast), real-valued (tensor,
+    numpy or list; moved to the log-probs' device and dtype). ``clip_eps``: a finite real in ``[0, 1)``."""
+    if not isinstance(logprobs, CompletionLogprobs):
+        raise TypeError(f"logprobs must be the CompletionLogprobs of completion_logprobs, got {type(logprobs).__name__}")
+    clip_eps = check_real(clip_eps, "clip_eps", low=0.0)
+    if clip_eps >= 1:
+        raise ValueError(f"clip_eps must be in [0, 1) (the ratio is clipped to [1 - clip_eps, 1 + clip_eps]), got "
+                         f"{clip_eps}")
+    n, width = logprobs.padded.shape
+    adv = as_values(advantages, "advantages", logprobs.padded)
+    check_shape(adv, "advantages", [[n], [n, width]])
+    if old_logprobs is None:
+        old = logprobs.padded.detach()
+    else:
+        old = as_values(old_logprobs, "old_logprobs", logprobs.padded)
+        check_shape(old, "old_logprobs", [[n, width]])
     ratio = torch.exp(logprobs.padded - old)
-    adv = advantages.reshape(-1, 1).to(ratio.dtype)
+    adv = adv if adv.dim() == 2 else adv.unsqueeze(1)
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
     mask = logprobs.mask
     return per_token.masked_fill(~mask, 0).sum() / mask.sum().clamp(min=1)
+
+
+def _check_fill(fill, dtype: torch.dtype) -> None:
+    if isinstance(fill, bool) and dtype != torch.bool or not isinstance(fill, (int, float, np.integer, np.floating)):
+        raise TypeError(f"fill must be a number, got {type(fill).__name__} {fill!r}")
+    if not (dtype.is_floating_point or dtype.is_complex) and (isinstance(fill, (float, np.floating))
+                                                             and not float(fill).is_integer()):
+        raise ValueError(f"fill={fill!r} cannot be stored in {dtype} values")

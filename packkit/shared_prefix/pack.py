@@ -11,12 +11,15 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-from ..packing.sequences import _backend_for
+from ..packing.sequences import BACKENDS, _backend_for
 from ..packing.tensors import host_tensor, to_device
 from .attention_meta import ATTENTION_PATHS, SharedPrefixAttention
+from .checks import check_allocation, check_choice, check_device, check_forest, check_pad_id, check_plan_args
 from .layout import ScoreIndex, TreeLayout, score_index, tree_layout
 from .planning import TreePlan, plan_trees
 from .tree import PrefixForest, build_tree, groups_forest
+
+NEGATIVE_TOKEN = 4  # the status bit (checks.STATUS_ERRORS) of a negative token id found on the device
 
 
 class SharedPrefixInfo(NamedTuple):
@@ -36,6 +39,11 @@ class SharedPrefixInfo(NamedTuple):
         tokens_forwarded, tokens_unshared: tokens in the rows (no padding) vs the same sequences packed
             without sharing.
         input_ids: the packed ``input_ids`` (the log-prob targets).
+        max_token_id: the largest id in ``input_ids`` (padding included) when the tokens were on the host,
+            so :func:`completion_logprobs` can check the vocabulary without a sync; None for device tokens.
+        status: None when every token was checked on the host; for device tokens a 0-d int32 device tensor,
+            non-zero (``checks.STATUS_ERRORS`` bits) when a token id is negative: read it with
+            :func:`packkit.shared_prefix.check_status` at a natural sync.
     """
 
     forest: PrefixForest
@@ -51,6 +59,8 @@ class SharedPrefixInfo(NamedTuple):
     tokens_forwarded: int
     tokens_unshared: int
     input_ids: torch.Tensor
+    max_token_id: Optional[int] = None
+    status: Optional[torch.Tensor] = None
 
     @property
     def num_sequences(self) -> int:
@@ -68,13 +78,22 @@ def _tree_pack_op(backend: str):
 def pack_forest(tree_plan: TreePlan, *, device=None, backend: str = "auto", attention: str = "auto",
                 pad_id: int = 0) -> tuple[dict, SharedPrefixInfo]:
     """Pack a :class:`TreePlan` (see :func:`pack_groups`)."""
-    if attention not in ATTENTION_PATHS:
-        raise ValueError(f"unknown attention {attention!r}; allowed: {', '.join(ATTENTION_PATHS)}")
+    check_choice(attention, "attention", ATTENTION_PATHS)
+    device = check_device(device)
+    if not isinstance(tree_plan, TreePlan):
+        raise TypeError(f"tree_plan must be a TreePlan (from plan_trees), got {type(tree_plan).__name__}")
     forest = tree_plan.forest
-    capacity = None if tree_plan.plan is None else tree_plan.plan.capacity
-    layout = tree_layout(forest, tree_plan.rows, capacity)
-    device = torch.device(device) if device is not None else forest.tokens.device
+    check_forest(forest, "tree_plan.forest")
+    device = device if device is not None else forest.tokens.device
     backend = _backend_for(device, backend)
+    pad_id = check_pad_id(pad_id, forest.tokens.dtype)
+    capacity = None if tree_plan.plan is None else tree_plan.plan.capacity
+    rows = _check_rows(tree_plan.rows, forest)
+    tokens_total = int(forest.length.sum())
+    check_allocation(len(rows) * (tokens_total if capacity is None else capacity), tokens_total,
+                     f"{len(rows)} rows of {'the tree tokens' if capacity is None else f'capacity={capacity}'}")
+    max_token_id = _check_host_tokens(forest, pad_id)
+    layout = tree_layout(forest, rows, capacity)
     m = len(layout.order)
     host = np.concatenate([layout.src, layout.dst, layout.length, layout.pos, layout.end, layout.row_offsets])
     meta = to_device(host_tensor(host.astype(np.int64)), device)
@@ -94,10 +113,51 @@ def pack_forest(tree_plan: TreePlan, *, device=None, backend: str = "auto", atte
     attn = SharedPrefixAttention(layout, subtree_end, cu_seqlens, node_idx, attention, position_ids=position_ids)
     batch = {"input_ids": ids, "position_ids": position_ids, "shared_prefix": attn}
     unshared = int(forest.sequence_lengths().sum())
+    # Device tokens were not read: a negative id sets a status bit, computed on the device (no sync).
+    status = None if max_token_id is not None else (ids < 0).any().to(torch.int32) * NEGATIVE_TOKEN
     info = SharedPrefixInfo(forest, layout, score, index[:k], index[k:2 * k], index[2 * k:3 * k], index[3 * k:4 * k],
                             index[4 * k:] != 0, tree_plan, packed_labels if labels is not None else None,
-                            int(layout.length.sum()), unshared, ids)
+                            int(layout.length.sum()), unshared, ids, max_token_id, status)
     return batch, info
+
+
+def _check_rows(rows, forest: PrefixForest) -> list:
+    """``rows`` must name every root of ``forest`` exactly once (host ints): else a tree would be lost or twice."""
+    if isinstance(rows, (str, bytes)) or not hasattr(rows, "__len__"):
+        raise TypeError(f"tree_plan.rows must be a list of arrays of root nodes, got {type(rows).__name__}")
+    out = []
+    for r, row in enumerate(rows):
+        a = np.asarray(row)
+        if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+            raise TypeError(f"tree_plan.rows[{r}] must be a 1-D array of root node ids, got {a.dtype} {a.shape}")
+        out.append(a.astype(np.int64))
+    named = np.concatenate(out) if out else np.zeros(0, np.int64)
+    roots = forest.roots()
+    if len(named) != len(roots) or not np.array_equal(np.sort(named), roots):
+        raise ValueError(f"tree_plan.rows must name each of the forest's {len(roots)} roots exactly once (got "
+                         f"{len(named)} entries)")
+    return out
+
+
+def _check_host_tokens(forest: PrefixForest, pad_id: int) -> Optional[int]:
+    """On the host: refuse a negative token id among the tokens the nodes use, and return the largest id
+    (padding included); None for device tokens, which are checked on the device instead."""
+    if forest.tokens.device.type != "cpu":
+        return None
+    length = forest.length
+    total = int(length.sum())
+    if total == 0:
+        return pad_id
+    ends = np.cumsum(length)
+    index = np.repeat(forest.src - (ends - length), length) + np.arange(total, dtype=np.int64)  # every used token
+    used = forest.tokens[torch.from_numpy(index)]
+    low, high = (int(v) for v in torch.aminmax(used))
+    if low < 0:
+        at = int(torch.nonzero(used < 0)[0, 0])
+        node = int(np.searchsorted(ends, at, side="right"))
+        raise ValueError(f"token id {int(used[at])} at tokens[{int(index[at])}] (node {node}): token ids index the "
+                         "embedding and must be >= 0")
+    return max(high, pad_id)
 
 
 def pack_groups(prompts, completions, *, capacity: Optional[int] = None, labels=None, device=None,
@@ -116,7 +176,13 @@ def pack_groups(prompts, completions, *, capacity: Optional[int] = None, labels=
         attention: the attention path the batch asks for: ``"auto"`` (CUDA fp16/bf16: two-pass flash varlen;
             CUDA fp32: FlexAttention; CPU: the two-pass math), ``"varlen"``, ``"flex"`` or ``"dense"``.
         overlong: a prompt + one completion over ``capacity``: ``"error"`` or ``"truncate"`` (reported).
-        algorithm, dp_size, cost: the row planner's (:func:`packkit.plan`), over trees.
+        algorithm, dp_size, cost: the row planner's (:func:`packkit.plan`), over trees; checked even without
+            ``capacity`` (where ``dp_size`` must be 1: there is one row).
+        pad_id: the token of padding (an int >= 0, fed to the model like any token).
+
+    Every argument is checked before anything is planned or allocated (``docs/shared_prefix.md``, "Argument
+    rules"): token ids must be ints >= 0; a batch may not hold more than ``max(2**22, 4 x tokens)`` token
+    slots (rows x row length); ``prompts == completions == []`` gives an empty batch ``[1, 0]``.
 
     Returns ``(batch, info)``: ``batch`` has ``input_ids`` and ``position_ids`` ``[R, S]`` (a completion's
     positions continue from its prompt's length, exactly as it would have alone) and ``shared_prefix`` (the
@@ -124,9 +190,21 @@ def pack_groups(prompts, completions, *, capacity: Optional[int] = None, labels=
     ``model.set_attn_implementation(packkit.shared_prefix.register_attention())``. ``info`` feeds
     :func:`completion_logprobs`.
     """
+    _check_pack_args(capacity, algorithm, dp_size, cost, overlong, device, backend, attention, pad_id)
     forest = groups_forest(prompts, completions, labels)
     tree_plan = plan_trees(forest, capacity, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
     return pack_forest(tree_plan, device=device, backend=backend, attention=attention, pad_id=pad_id)
+
+
+def _check_pack_args(capacity, algorithm, dp_size, cost, overlong, device, backend, attention, pad_id) -> None:
+    """Every argument, before the inputs are read (the same rules whether or not ``capacity`` is given)."""
+    check_plan_args(capacity, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
+    check_choice(attention, "attention", ATTENTION_PATHS)
+    check_choice(backend, "backend", BACKENDS)
+    dev = check_device(device)
+    if dev is not None:
+        _backend_for(dev, backend)  # e.g. backend='cuda' for a CPU device
+    check_pad_id(pad_id, torch.int64)
 
 
 def pack_tree(sequences, group_ids=None, *, score_from=None, capacity: Optional[int] = None, device=None,
@@ -134,8 +212,17 @@ def pack_tree(sequences, group_ids=None, *, score_from=None, capacity: Optional[
               dp_size: int = 1, cost="tokens", pad_id: int = 0) -> tuple[dict, SharedPrefixInfo]:
     """Any sequences (multi-turn conversations, agent trajectories) -> their prefix forest
     (:func:`build_tree`), packed depth first like :func:`pack_groups`. A ``PrefixForest`` may be passed
-    instead of sequences."""
-    forest = sequences if isinstance(sequences, PrefixForest) else build_tree(sequences, group_ids,
-                                                                              score_from=score_from)
+    instead of sequences; it already holds its groups and scored tokens, so ``group_ids`` and ``score_from``
+    are refused with it (pass them to :func:`build_tree`). No sequences: an empty batch, as :func:`pack_groups`."""
+    _check_pack_args(capacity, algorithm, dp_size, cost, overlong, device, backend, attention, pad_id)
+    if isinstance(sequences, PrefixForest):
+        given = [name for name, v in (("group_ids", group_ids), ("score_from", score_from)) if v is not None]
+        if given:
+            raise ValueError(f"pack_tree got a PrefixForest and {' and '.join(given)}: a forest already fixes its "
+                             "groups and scored tokens; pass them to build_tree(sequences, group_ids, "
+                             "score_from=...) instead")
+        forest = sequences
+    else:
+        forest = build_tree(sequences, group_ids, score_from=score_from)
     tree_plan = plan_trees(forest, capacity, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
     return pack_forest(tree_plan, device=device, backend=backend, attention=attention, pad_id=pad_id)

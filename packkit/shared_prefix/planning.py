@@ -17,10 +17,9 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 import torch
 
-from ..planning.planner import Plan, plan as make_plan
+from ..planning.planner import Plan, _as_count, _cost_model, plan as make_plan
+from .checks import check_allocation, check_cost, check_forest, check_overlong, check_plan_args
 from .tree import PrefixForest
-
-OVERLONG = ("error", "truncate")
 
 
 class SplitReport(NamedTuple):
@@ -38,12 +37,19 @@ def tree_costs(forest: PrefixForest, cost="tokens") -> np.ndarray:
     """Cost of each tree (``forest.roots()`` order) under ``cost``: ``"tokens"``, ``"attention"``, ``(a, b)``,
     a transformers config, or a callable ``f`` on lengths (charged ``f(pos + len) - f(pos)`` per node, which
     telescopes to ``f(L)`` along a chain)."""
-    from ..planning.planner import _cost_model
+    check_forest(forest)
+    check_cost(cost)
+    return _tree_costs(forest, cost)
 
+
+def _tree_costs(forest: PrefixForest, cost) -> np.ndarray:
     pos = forest.position().astype(np.float64)
     end = pos + forest.length
     if callable(cost) and not (hasattr(cost, "hidden_size") or hasattr(cost, "text_config")):
-        node = np.asarray(cost(end.astype(np.int64)), np.float64) - np.asarray(cost(pos.astype(np.int64)), np.float64)
+        node = _call_cost(cost, end.astype(np.int64)) - _call_cost(cost, pos.astype(np.int64))
+        if len(node) and (not np.isfinite(node).all() or node.min() < 0):
+            raise ValueError("cost callable must be finite and non-decreasing in the length (a node is charged "
+                             "cost(pos + len) - cost(pos) >= 0)")
     else:
         a, b, _ = _cost_model(cost)
         node = a * forest.length + b * (end * end - pos * pos)
@@ -52,11 +58,26 @@ def tree_costs(forest: PrefixForest, cost="tokens") -> np.ndarray:
     return csum[forest.subtree_end()[roots]] - csum[roots]
 
 
+def _call_cost(cost, lengths: np.ndarray) -> np.ndarray:
+    try:
+        values = np.asarray(cost(lengths), np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"cost callable must map an int64 array of lengths to real costs ({exc})") from None
+    if values.shape != lengths.shape:
+        raise ValueError(f"cost callable must return one cost per length (shape {lengths.shape}), got shape "
+                         f"{values.shape}")
+    return values
+
+
 def split_oversized(forest: PrefixForest, capacity: int, overlong: str = "error") -> SplitReport:
     """The forest with every tree over ``capacity`` split into the fewest sub-trees the planner finds."""
-    if overlong not in OVERLONG:
-        raise ValueError(f"unknown overlong policy {overlong!r} for shared-prefix packing; allowed: "
-                         f"{', '.join(OVERLONG)} (a tree is never dropped)")
+    check_forest(forest)
+    capacity = _as_count(capacity, "capacity")
+    check_overlong(overlong)
+    return _split_oversized(forest, capacity, overlong)
+
+
+def _split_oversized(forest: PrefixForest, capacity: int, overlong: str) -> SplitReport:
     csum = _csum(forest)
     sub_end = forest.subtree_end()
     tree_tokens = csum[sub_end] - csum[np.arange(forest.num_nodes)]
@@ -168,22 +189,24 @@ def plan_trees(forest: PrefixForest, capacity: Optional[int] = None, *, algorith
                cost="tokens", overlong: str = "error") -> TreePlan:
     """Rows of whole trees: each tree (after :func:`split_oversized`) is one unit of :func:`packkit.plan`,
     sized by its unique tokens. Without ``capacity``: one row holding every tree in order."""
+    check_forest(forest)
+    capacity = check_plan_args(capacity, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
     if capacity is None:
         report = SplitReport(forest, {}, {}, 0)
         return TreePlan(forest, [forest.roots()], None, report)
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity <= 0:
-        raise ValueError(f"capacity must be a positive int (tokens per row), got {capacity!r}")
-    report = split_oversized(forest, int(capacity), overlong)
+    # Before planning: dp_size rows of capacity is the least a plan with tokens allocates.
+    check_allocation(capacity * dp_size, int(forest.length.sum()), f"capacity={capacity} x dp_size={dp_size}")
+    report = _split_oversized(forest, capacity, overlong)
     f = report.forest
     roots = f.roots()
     tokens = f.tree_tokens()
     spec = cost
-    if cost not in ("tokens",):
-        per_tree = tree_costs(f, cost)
+    if not (isinstance(cost, str) and cost == "tokens"):
+        per_tree = _tree_costs(f, cost)
         keys = np.unique(tokens)
         mean = np.array([per_tree[tokens == k].mean() for k in keys])
         spec = _lookup(keys, mean)
-    planned = make_plan(tokens, int(capacity), algorithm=algorithm, dp_size=dp_size, cost=spec)
+    planned = make_plan(tokens, capacity, algorithm=algorithm, dp_size=dp_size, cost=spec)
     if planned.zero_length is not None and len(planned.zero_length):
         zero = np.asarray(planned.zero_length, np.int64)
     else:
@@ -193,6 +216,7 @@ def plan_trees(forest: PrefixForest, capacity: Optional[int] = None, *, algorith
         if not rows:
             rows = [np.zeros(0, np.int64)]
         rows[0] = np.concatenate([rows[0], roots[zero]])
+    check_allocation(len(rows) * capacity, int(f.length.sum()), f"the plan's {len(rows)} rows of capacity={capacity}")
     return TreePlan(f, rows, planned, report)
 
 
@@ -209,9 +233,14 @@ def tree_micro_batches(forest: PrefixForest, max_tokens: int, dp_size: int = 1, 
     ``(MicroBatches over tree indices, the forest after splits)``."""
     from ..rl.micro_batches import micro_batches
 
-    report = split_oversized(forest, max_tokens, kwargs.pop("overlong", "error"))
+    check_forest(forest)
+    max_tokens = _as_count(max_tokens, "max_tokens")
+    overlong = kwargs.pop("overlong", "error")
+    check_overlong(overlong)
+    check_cost(cost)
+    report = _split_oversized(forest, max_tokens, overlong)
     f = report.forest
-    return micro_batches(f.tree_tokens(), max_tokens, dp_size, cost=tree_costs(f, cost), **kwargs), f
+    return micro_batches(f.tree_tokens(), max_tokens, dp_size, cost=_tree_costs(f, cost), **kwargs), f
 
 
 __all__ = ["tree_costs", "split_oversized", "plan_trees", "tree_micro_batches", "TreePlan", "SplitReport"]

@@ -5,7 +5,8 @@ with the same ``uid`` come from the same prompt. Each group's prompt is packed o
 then each row's response. Where the runs are comes from :func:`packkit.rl.rollout_layout` (one device-to-host
 copy per global batch); the tokens are read in place from the flat ``[B * S]`` tensor by the same
 ``packkit::tree_pack`` launch as :func:`pack_groups`. That rows of one ``uid`` really share their prompt tokens
-is checked on the device without a sync: ``info.status`` counts the rows that differ (the
+is checked on the device without a sync, and so are the values of ``attention_mask`` (0 and 1 only) and the
+token ids (>= 0): ``info.status`` is 0 or the OR of ``checks.STATUS_ERRORS`` bits (the
 ``check_plan(sync=False)`` contract); :func:`check_rollout_groups` raises at a point of your choosing.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from ..packing.tensors import host_tensor, to_device
 from ..rl.rollouts import RolloutLayout, _indices, rollout_layout
+from .checks import STATUS_ERRORS, check_status, check_temperature
 from .logprobs import CompletionLogprobs, completion_logprobs
 from .pack import SharedPrefixInfo, pack_forest
 from .planning import plan_trees
@@ -28,7 +30,11 @@ class RolloutGroupsInfo(NamedTuple):
     rows: np.ndarray  # the micro-batch's rows, in ``indices`` order
     seq_of_row: np.ndarray  # sequence (in ``info``) of each of ``rows``
     response_width: int  # S - prompt_length: verl's response columns
-    status: Optional[torch.Tensor]  # device 0-d int32: rows whose prompt differs from their group's first row
+    status: Optional[torch.Tensor]  # device 0-d int32: 0, or the OR of checks.STATUS_ERRORS bits (PROMPT_DIFFERS...)
+
+
+PROMPT_DIFFERS, MASK_NOT_BINARY = 1, 2  # bits of ``status`` (checks.STATUS_ERRORS); 4: a negative token id
+assert PROMPT_DIFFERS in STATUS_ERRORS and MASK_NOT_BINARY in STATUS_ERRORS
 
 
 def _group_keys(group_ids, batch: int) -> np.ndarray:
@@ -61,15 +67,26 @@ def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, g
     Returns ``(batch, info)``; :func:`rollout_logprobs` turns the model's logits into verl's ``[b, response]``.
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise TypeError("input_ids must be a [batch, seq_len] tensor")
+        raise TypeError(f"input_ids must be a [batch, seq_len] tensor, got {_what(input_ids)}")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a [batch, seq_len] tensor of 0 and 1, got {_what(attention_mask)}")
+    if attention_mask.is_complex():
+        raise TypeError(f"attention_mask must hold 0 and 1, got dtype {attention_mask.dtype}")
     if tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise ValueError(f"attention_mask {tuple(attention_mask.shape)} and input_ids {tuple(input_ids.shape)} differ")
+    if attention_mask.device != input_ids.device:
+        raise ValueError(f"attention_mask is on {attention_mask.device} but input_ids on {input_ids.device}")
+    if not isinstance(check, (bool, np.bool_)):
+        raise TypeError(f"check must be True or False, got {type(check).__name__} {check!r}")
     b, s = input_ids.shape
     if isinstance(prompt_length, bool) or not isinstance(prompt_length, (int, np.integer)) \
             or not 0 <= prompt_length <= s:
         raise ValueError(f"prompt_length must be an int in [0, {s}] (the prompt columns), got {prompt_length!r}")
     layout = rollout_layout(attention_mask) if layout is None else layout
-    if not isinstance(layout, RolloutLayout) or len(layout.start) != b or layout.seq_len != s:
+    if not isinstance(layout, RolloutLayout) or len(layout.start) != b or layout.seq_len != s \
+            or len(layout.length) != b:
         raise ValueError("layout must be packkit.rl.rollout_layout(attention_mask) of this batch")
     rows = _indices(indices, b)
     keys = _group_keys(group_ids, b)
@@ -113,12 +130,32 @@ def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, g
     flat = input_ids.reshape(-1)
     forest = PrefixForest(np.array(parent, np.int64), node_len, np.array(src, np.int64), flat,
                           np.array(seq_node, np.int64), score, rank_of_row[seq_rows])
-    batch, info = pack_forest(plan_trees(forest), device=device or input_ids.device, backend=backend,
-                              attention=attention)
+    batch, info = pack_forest(plan_trees(forest), device=device if device is not None else input_ids.device,
+                              backend=backend, attention=attention)
     seq_of_row = np.empty(len(rows), np.int64)
     seq_of_row[seq_rows] = np.arange(len(seq_rows))
-    status = _prompt_status(input_ids, rows, first_row, start, prompt_length, input_ids.device) if check else None
+    status = None
+    if check:  # on the device, no sync: prompts of one uid, mask values; pack_forest's status has the token ids
+        status = _prompt_status(input_ids, rows, first_row, start, prompt_length, input_ids.device)
+        status = status | _mask_values_status(attention_mask, rows)
+        if info.status is not None:
+            status = status | info.status.to(status.device)
     return batch, RolloutGroupsInfo(info, rows, seq_of_row, s - prompt_length, status)
+
+
+def _what(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dim()}-d tensor"
+    return type(value).__name__ + (" (convert it with torch.as_tensor)" if isinstance(value, (list, np.ndarray)) else "")
+
+
+def _mask_values_status(attention_mask: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    """0-d int32 on the device: MASK_NOT_BINARY when a row of ``rows`` holds a mask value other than 0 and 1."""
+    if attention_mask.dtype == torch.bool:
+        return torch.zeros((), dtype=torch.int32, device=attention_mask.device)
+    index = to_device(host_tensor(rows), attention_mask.device)
+    m = attention_mask.index_select(0, index)
+    return ((m != 0) & (m != 1)).any().to(torch.int32) * MASK_NOT_BINARY
 
 
 def _prompt_status(input_ids, rows, first_row, start, prompt_length, device):
@@ -130,19 +167,23 @@ def _prompt_status(input_ids, rows, first_row, start, prompt_length, device):
     in_prompt = cols >= meta[2].unsqueeze(1)
     mine = input_ids[:, :prompt_length].index_select(0, meta[0])
     theirs = input_ids[:, :prompt_length].index_select(0, meta[1])
-    return ((mine != theirs) & in_prompt).any(1).sum(dtype=torch.int32)
+    return ((mine != theirs) & in_prompt).any().to(torch.int32) * PROMPT_DIFFERS
 
 
 def check_rollout_groups(info: RolloutGroupsInfo) -> None:
-    """Raise ValueError if rows of one group id had different prompt tokens (reads ``info.status``: one sync)."""
-    if info.status is not None and int(info.status):
-        raise ValueError(f"{int(info.status)} rollout rows have prompt tokens that differ from the first row of their "
-                         "group id: they cannot share a prefix (wrong uid?)")
+    """Raise ValueError naming what the device found (reads ``info.status``: one sync): rows of one group id
+    with different prompt tokens, an ``attention_mask`` value other than 0 / 1, a negative token id."""
+    if not isinstance(info, RolloutGroupsInfo):
+        raise TypeError(f"info must be the RolloutGroupsInfo of pack_rollout_groups, got {type(info).__name__}")
+    check_status(info)
 
 
 def rollout_logprobs(logits: torch.Tensor, info: RolloutGroupsInfo, *, temperature: float = 1.0) -> torch.Tensor:
     """verl's response log-probs ``[len(indices), S - prompt_length]`` (zeros past each response) from the model's
     logits on the shared-prefix batch, rows in ``indices`` order; differentiable."""
+    if not isinstance(info, RolloutGroupsInfo):
+        raise TypeError(f"info must be the RolloutGroupsInfo of pack_rollout_groups, got {type(info).__name__}")
+    check_temperature(temperature)
     result: CompletionLogprobs = completion_logprobs(logits, info.info, temperature=temperature)
     width = info.response_width
     out = result.padded.new_zeros((len(info.rows), width))

@@ -96,10 +96,27 @@ class PrefixForest(NamedTuple):
         return torch.cat([self.tokens[self.src[n]:self.src[n] + self.length[n]] for n in reversed(path)])
 
 
-def _sequence(value, name: str) -> torch.Tensor:
+TOKEN_DTYPES = (torch.int64, torch.int32)
+
+
+def _sequence(value, name: str, *, token_ids: bool = True) -> torch.Tensor:
+    """One sequence as a 1-D integer tensor. Token ids (``token_ids=True``) on the host must be >= 0; a GPU
+    tensor is not read here (its values are checked on the device: ``info.status``). Labels may be negative
+    (-100). Bools and floats are refused, never cast."""
+    if isinstance(value, (list, tuple)) and bool in set(map(type, value)):
+        raise TypeError(f"{name} holds a bool; token ids must be ints")
     flat, _ = flatten_sequences([value], name=name)
     if flat.is_floating_point() or flat.is_complex() or flat.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer token ids, got dtype {flat.dtype}")
+    if flat.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D token sequence, got shape {tuple(flat.shape)}")
+    if flat.dtype not in TOKEN_DTYPES:  # uint8 / int16 ...: exact in int64, which the pack op reads
+        flat = flat.to(torch.int64)
+    if token_ids and flat.device.type == "cpu" and flat.numel():
+        low = int(flat.min())
+        if low < 0:
+            i = int(torch.nonzero(flat < 0)[0, 0])
+            raise ValueError(f"{name}[{i}] is {low}: token ids index the embedding and must be >= 0")
     return flat
 
 
@@ -116,17 +133,22 @@ def groups_forest(prompts, completions, labels=None) -> PrefixForest:
     if len(prompts) != len(completions):
         raise ValueError(f"prompts has {len(prompts)} groups but completions has {len(completions)}; "
                          "completions[g] must list the completions of prompts[g]")
-    if labels is not None and len(labels) != len(completions):
-        raise ValueError(f"labels has {len(labels)} groups but completions has {len(completions)}")
+    if labels is not None:
+        if isinstance(labels, (str, bytes, torch.Tensor)) or not isinstance(labels, Sequence):
+            raise TypeError(f"labels must be None or a list (one per group) of lists of label sequences, got "
+                            f"{type(labels).__name__}")
+        if len(labels) != len(completions):
+            raise ValueError(f"labels has {len(labels)} groups but completions has {len(completions)}")
     pieces, label_pieces, parent, length, score_start, seq_node, seq_group = [], [], [], [], [], [], []
     for g, (prompt, group) in enumerate(zip(prompts, completions)):
         p = _sequence(prompt, f"prompts[{g}]")
-        if p.dim() != 1:
-            raise ValueError(f"prompts[{g}] must be a 1-D token sequence, got shape {tuple(p.shape)}")
         if isinstance(group, (str, bytes, torch.Tensor)) or not isinstance(group, Sequence):
             raise TypeError(f"completions[{g}] must be a list of token sequences, got {type(group).__name__}")
         if len(group) == 0:
             raise ValueError(f"group {g} has no completions; a group needs at least one (G >= 1)")
+        if labels is not None and (isinstance(labels[g], (str, bytes, torch.Tensor))
+                                   or not isinstance(labels[g], Sequence)):
+            raise TypeError(f"labels[{g}] must be a list of label sequences, got {type(labels[g]).__name__}")
         if labels is not None and len(labels[g]) != len(group):
             raise ValueError(f"labels[{g}] has {len(labels[g])} entries but group {g} has {len(group)} completions")
         root = len(parent)
@@ -136,8 +158,6 @@ def groups_forest(prompts, completions, labels=None) -> PrefixForest:
         label_pieces.append(torch.full((len(p),), -100, dtype=torch.int64))
         for j, completion in enumerate(group):
             c = _sequence(completion, f"completions[{g}][{j}]")
-            if c.dim() != 1:
-                raise ValueError(f"completions[{g}][{j}] must be a 1-D token sequence, got shape {tuple(c.shape)}")
             seq_node.append(len(parent))
             parent.append(root)
             length.append(len(c))
@@ -145,20 +165,43 @@ def groups_forest(prompts, completions, labels=None) -> PrefixForest:
             score_start.append(len(p))
             seq_group.append(g)
             if labels is not None:
-                lab = _sequence(labels[g][j], f"labels[{g}][{j}]")
+                lab = _sequence(labels[g][j], f"labels[{g}][{j}]", token_ids=False)
                 if lab.shape != c.shape:
                     raise ValueError(f"labels[{g}][{j}] has {lab.shape[0]} tokens but completions[{g}][{j}] has "
                                      f"{c.shape[0]}")
                 label_pieces.append(lab.to(torch.int64))
             else:
                 label_pieces.append(c.to(torch.int64))
+    devices = {t.device for t in pieces}
+    if len(devices) > 1:
+        raise ValueError(f"the prompts and completions are on different devices ({sorted(map(str, devices))}); "
+                         "pass them all on one device (host lists are best: the pack copies them once)")
     dtypes = {t.dtype for t in pieces}
-    tokens = torch.cat([t.to(torch.int64) for t in pieces]) if len(dtypes) > 1 else torch.cat(pieces)
+    if not pieces:  # no groups: an empty forest, packed as an empty batch (as pack_tree([]) and pack_sequences([]))
+        tokens = torch.zeros(0, dtype=torch.int64)
+    else:
+        tokens = torch.cat([t.to(torch.int64) for t in pieces]) if len(dtypes) > 1 else torch.cat(pieces)
     length = np.array(length, np.int64)
-    src = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+    src = (np.cumsum(length) - length).astype(np.int64)
     return PrefixForest(np.array(parent, np.int64), length, src, tokens, np.array(seq_node, np.int64),
                         np.array(score_start, np.int64), np.array(seq_group, np.int64),
-                        torch.cat(label_pieces) if labels is not None else None)
+                        torch.cat(label_pieces) if labels is not None and label_pieces else
+                        (torch.zeros(0, dtype=torch.int64) if labels is not None else None))
+
+
+def _score_from(score_from, lens: np.ndarray) -> np.ndarray:
+    """The first scored token of each sequence: default 1; else one int per sequence within it."""
+    n = len(lens)
+    if score_from is None:  # every token with a predecessor (an empty sequence scores nothing)
+        return np.minimum(lens, 1).astype(np.int64)
+    score = np.asarray(score_from)
+    if score.shape != (n,) or not np.issubdtype(score.dtype, np.integer):
+        raise ValueError(f"score_from must be {n} integers (one per sequence), got {score.dtype} {score.shape}")
+    bad = np.flatnonzero((score < 0) | (score > lens))
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"score_from[{i}] = {int(score[i])} is outside sequence {i} of {int(lens[i])} tokens")
+    return score.astype(np.int64)
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -188,8 +231,9 @@ def build_tree(sequences, group_ids=None, *, score_from=None) -> PrefixForest:
     seqs = []
     for i, s in enumerate(sequences):
         t = _sequence(s, f"sequences[{i}]")
-        if t.dim() != 1:
-            raise ValueError(f"sequences[{i}] must be a 1-D token sequence, got shape {tuple(t.shape)}")
+        if t.device.type != "cpu":
+            raise ValueError(f"sequences[{i}] is on {t.device}: build_tree compares tokens on the host (pass lists, "
+                             "numpy or CPU tensors; reading a GPU tensor back would sync)")
         seqs.append(t.to(torch.int64).numpy())
     if group_ids is None:
         groups = np.zeros(n, np.int64)
@@ -200,18 +244,7 @@ def build_tree(sequences, group_ids=None, *, score_from=None) -> PrefixForest:
             raise ValueError(f"group_ids must be {n} integers (one per sequence), got {groups.dtype} {groups.shape}")
         groups = groups.astype(np.int64)
         grouped = True
-    if score_from is None:
-        score = np.ones(n, np.int64)
-    else:
-        score = np.asarray(score_from)
-        if score.shape != (n,) or not np.issubdtype(score.dtype, np.integer):
-            raise ValueError(f"score_from must be {n} integers (one per sequence), got {score.dtype} {score.shape}")
-        lens = np.array([len(s) for s in seqs], np.int64)
-        bad = np.flatnonzero((score < 0) | (score > lens))
-        if len(bad):
-            i = int(bad[0])
-            raise ValueError(f"score_from[{i}] = {int(score[i])} is outside sequence {i} of {int(lens[i])} tokens")
-        score = score.astype(np.int64)
+    score = _score_from(score_from, np.array([len(s) for s in seqs], np.int64))
 
     # Sort (group, tokens); adjacent longest common prefixes then define the radix tree.
     order = sorted(range(n), key=lambda i: (int(groups[i]), tuple(seqs[i])))
@@ -307,11 +340,17 @@ def _root_of(node_parent, k) -> int:
 def sequences_forest(sequences, score_from=None) -> PrefixForest:
     """Every sequence its own one-node tree: plain packing in the forest form (nothing shared), e.g. the
     baseline a shared-prefix batch is compared with."""
-    flat, lengths = flatten_sequences(list(sequences), name="sequences")
+    if isinstance(sequences, (str, bytes, torch.Tensor)) or not isinstance(sequences, Sequence):
+        raise TypeError(f"sequences must be a list of token sequences, got {type(sequences).__name__}")
+    pieces = [_sequence(s, f"sequences[{i}]") for i, s in enumerate(sequences)]
+    if len({t.device for t in pieces}) > 1:
+        raise ValueError("sequences are on different devices; pass them all on one device")
+    if len({t.dtype for t in pieces}) > 1:
+        pieces = [t.to(torch.int64) for t in pieces]
+    flat = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
+    lengths = np.array([len(t) for t in pieces], np.int64)
     n = len(lengths)
-    score = np.ones(n, np.int64) if score_from is None else np.asarray(score_from, np.int64)
-    if score.shape != (n,) or ((score < 0) | (score > lengths)).any():
-        raise ValueError(f"score_from must be {n} ints, each within its sequence")
-    src = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    score = _score_from(score_from, lengths)
+    src = (np.cumsum(lengths) - lengths).astype(np.int64)
     return PrefixForest(np.full(n, -1, np.int64), lengths.astype(np.int64), src, flat, np.arange(n, dtype=np.int64),
                         score, np.arange(n, dtype=np.int64))
