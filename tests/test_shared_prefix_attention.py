@@ -1,6 +1,8 @@
 """Tree attention over random forests of multi-level trees (empty nodes, single tokens, G = 1 chains, several trees
 and rows, padding tails): the dense mask is the ancestor relation; FlexAttention and the two-pass varlen math equal
-dense masked attention in fp64, values and gradients; the passes copy nothing and do no filler work."""
+dense masked attention in fp64, values and gradients; the passes copy nothing and do no filler work. With a logit
+soft-cap (Gemma 2) and per-head sink logits (GPT-OSS), every path equals a masked softmax written from the definition
+(the sink as one more softmax column), the sinks' gradient included."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +11,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from packkit import shared_prefix as sp
-from packkit.shared_prefix.attention.masks import dense_tree_mask, flex_tree_attention, tree_block_mask
+from packkit.shared_prefix.attention.masks import (dense_tree_attention, dense_tree_mask, flex_tree_attention,
+                                                   tree_block_mask)
 from packkit.shared_prefix.attention.two_pass import two_pass_attention, varlen_passes
 from packkit.shared_prefix.layout import tree_layout
 
@@ -164,3 +167,82 @@ def test_control_a_mask_letting_siblings_see_each_other_differs():
     out = two_pass_attention(flat(q), flat(k), flat(v), varlen_passes(layout, torch.device("cpu")), 0.5)
     assert torch.allclose(out.reshape(1, 7, 2, 4).transpose(1, 2), ref, atol=1e-12)
     assert not torch.allclose(dense_attention(q, k, v, dense_tree_mask(leaky), 0.5), ref, atol=1e-3)
+
+
+def capped_sink_reference(q, k, v, mask, scale, softcap, sink):
+    """From the definitions: scores soft-capped, masked; the sink one more softmax column, dropped after it."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sink is None:
+        return torch.softmax(scores, -1) @ v
+    column = sink.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, column], -1), -1)[..., :-1] @ v
+
+
+def sinks(heads=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (2 * torch.randn(heads, generator=g, dtype=torch.float64)).requires_grad_(True)
+
+
+CAP_SINK = [(0.8, True), (0.8, False), (None, True)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(forests, st.integers(1, 3), st.integers(0, 2 ** 16), st.sampled_from(CAP_SINK))
+def test_two_pass_softcap_and_sinks_equal_reference_values_and_gradients(spec, rows, seed, case):
+    softcap, with_sink = case
+    _, layout, subtree_end, _ = laid_out(spec, rows)
+    q, k, v = qkv(rows, layout.row_len, seed=seed)
+    sink = sinks(seed=seed) if with_sink else None
+    inputs = (q, k, v) + ((sink,) if with_sink else ())
+    scale = 1.7  # scores of several units: the soft-cap bends them
+    ref = capped_sink_reference(q, k, v, dense_tree_mask(subtree_end), scale, softcap, sink)
+    grad = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad(ref, inputs, grad)
+    out = two_pass_attention(flat(q), flat(k), flat(v), varlen_passes(layout, torch.device("cpu")), scale, softcap,
+                             sink)
+    got = out.reshape(rows, layout.row_len, *out.shape[1:]).transpose(1, 2)
+    assert torch.allclose(got, ref, rtol=0, atol=1e-12)
+    for g, r in zip(torch.autograd.grad(got, inputs, grad), ref_grads):
+        assert torch.allclose(g, r, rtol=0, atol=1e-11)
+    dense = dense_tree_attention(q, k, v, dense_tree_mask(subtree_end), scale, softcap, sink)
+    assert torch.allclose(dense, ref, rtol=0, atol=1e-12)
+    for g, r in zip(torch.autograd.grad(dense, inputs, grad), ref_grads):
+        assert torch.allclose(g, r, rtol=0, atol=1e-11)
+
+
+@settings(max_examples=15, deadline=None)
+@given(forests, st.integers(1, 3), st.sampled_from(CAP_SINK))
+def test_flex_softcap_and_sinks_equal_reference(spec, rows, case):
+    softcap, with_sink = case
+    _, layout, subtree_end, _ = laid_out(spec, rows)
+    q, k, v = (t.detach() for t in qkv(rows, layout.row_len))
+    sink = sinks().detach() if with_sink else None
+    ref = capped_sink_reference(q, k, v, dense_tree_mask(subtree_end), 1.7, softcap, sink)
+    got = flex_tree_attention(q, k, v, tree_block_mask(subtree_end, block_size=8), 1.7, softcap, sink)
+    assert torch.allclose(got, ref, rtol=0, atol=1e-12)
+
+
+def test_gradcheck_tiny_tree_softcap_and_sink():
+    forest = sp.groups_forest([[1, 2, 3]], [[[4, 5], [6]]])
+    layout = tree_layout(forest, [forest.roots()], 7)
+    passes = varlen_passes(layout, torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(7, 2, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    assert torch.autograd.gradcheck(lambda a, b, c, s: two_pass_attention(a, b, c, passes, 1.5, 0.7, s),
+                                    (q, k, v, sinks()))
+
+
+def test_control_a_dropped_softcap_or_sink_differs():
+    """The reference comparison above would catch a path that ignored either argument."""
+    forest = sp.groups_forest([[1, 2, 3]], [[[4, 5], [6, 7]]])
+    layout = tree_layout(forest, [forest.roots()], 7)
+    mask = dense_tree_mask(torch.tensor([[7, 7, 7, 5, 5, 7, 7]], dtype=torch.int32))
+    q, k, v = qkv(1, 7)
+    passes = varlen_passes(layout, torch.device("cpu"))
+    ref = capped_sink_reference(q, k, v, mask, 1.7, 0.8, sinks())
+    for softcap, sink in ((None, sinks()), (0.8, None)):
+        out = two_pass_attention(flat(q), flat(k), flat(v), passes, 1.7, softcap, sink)
+        assert not torch.allclose(out.reshape(1, 7, 2, 4).transpose(1, 2), ref, atol=1e-3)

@@ -1,10 +1,12 @@
 """Shared-prefix packing is exact on real HF models: per-token completion log-probs from ``pack_groups`` equal
 per-sample ones (fp64, rel <= 1e-10) on every attention path that runs on the CPU, and GRPO token-mean and DPO
-losses give the same parameter gradients (rel <= 1e-9), for a tiny random-init Llama and Qwen2.
+losses give the same parameter gradients (rel <= 1e-9), for a tiny random-init Llama and Qwen2, and for Gemma 2
+(attention logit soft-capping) and GPT-OSS (attention sinks) against an exact fp64 per-sample reference attention.
 
 transformers' RMSNorm computes in fp32 even in an fp64 model, which caps agreement at ~1e-7; the fixture makes
 it compute in the input dtype so the model is fp64 end to end (REFERENCE §12). Controls that must fail: positions
-restarting at 0 in a branch, and a mask that lets siblings see each other.
+restarting at 0 in a branch, a mask that lets siblings see each other, and an attention that drops the soft-cap or
+the sinks.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 
 from packkit import shared_prefix as sp
 
+import attention_models
 from shared_prefix_models import VOCAB, fp64_norms, per_sample_groups, tiny
 
 transformers = pytest.importorskip("transformers")
@@ -26,6 +29,7 @@ GRAD_PATHS = ["dense", "varlen"]  # FlexAttention has no CPU backward: its gradi
 @pytest.fixture(autouse=True)
 def _fp64(monkeypatch):
     fp64_norms(monkeypatch)
+    attention_models.fp64_norms(monkeypatch)
 
 
 def groups(seed=0, num_groups=3, sizes=(3, 1, 4)):
@@ -38,12 +42,13 @@ def groups(seed=0, num_groups=3, sizes=(3, 1, 4)):
 
 
 def packed(model, prompts, completions, path, **kw):
+    before = model.config._attn_implementation
     name = sp.register_attention()
     model.set_attn_implementation(name)
     batch, info = sp.pack_groups(prompts, completions, attention=path, **kw)
     with torch.set_grad_enabled(torch.is_grad_enabled() and path != "flex"):
         logits = model(**batch, use_cache=False).logits
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(before)
     return sp.completion_logprobs(logits, info), info
 
 
@@ -189,3 +194,69 @@ def test_control_siblings_seeing_each_other_fail():
     bad = sp.SharedPrefixAttention(lay, leaky, attn.cu_seqlens, attn.node_idx, "dense", position_ids=batch["position_ids"])
     logits = model(**{**batch, "shared_prefix": bad}, use_cache=False).logits
     assert worst(sp.completion_logprobs(logits, info), reference) > 1e-4
+
+
+# --- Gemma 2 (softcap) and GPT-OSS (s_aux sinks): the arguments the Llama-shaped models never pass ----------------
+SOFTCAP_SINKS = ["gemma2", "gpt_oss"]
+
+
+@pytest.mark.parametrize("kind", SOFTCAP_SINKS)
+def test_reference_attention_is_transformers_eager(kind):
+    """The per-sample reference is transformers' own eager attention: exactly for GPT-OSS (its eager softmax runs in
+    the input dtype), to fp32 rounding for Gemma 2 (its eager softmax runs in fp32)."""
+    model = attention_models.tiny(kind)
+    ids = torch.tensor([[5, 9, 2, 33, 7, 1, 18, 4, 60, 11, 3]])
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits
+        model.set_attn_implementation("eager")
+        eager = model(input_ids=ids, use_cache=False).logits
+    assert float((ref - eager).abs().max()) <= (1e-13 if kind == "gpt_oss" else 1e-6) * float(eager.abs().max())
+
+
+@pytest.mark.parametrize("kind", SOFTCAP_SINKS)
+@pytest.mark.parametrize("path", PATHS)
+def test_softcap_and_sinks_logprobs_equal_per_sample(kind, path):
+    model = attention_models.tiny(kind)
+    prompts, completions = groups()
+    reference = per_sample_groups(model, prompts, completions)
+    result, _ = packed(model, prompts, completions, path)
+    assert worst(result, reference) <= REL_LOGP
+
+
+@pytest.mark.parametrize("kind", SOFTCAP_SINKS)
+@pytest.mark.parametrize("path", GRAD_PATHS)
+def test_softcap_and_sinks_gradients(kind, path):
+    """Every parameter's gradient, the GPT-OSS sink logits and Gemma 2's soft-capped projections included."""
+    model = attention_models.tiny(kind)
+    prompts, completions = groups(seed=2)
+    n = sum(len(g) for g in completions)
+    advantages = torch.linspace(-1, 1, n, dtype=torch.float64)
+    ref = _grpo_reference_grads(model, prompts, completions, advantages)
+    model.zero_grad(set_to_none=True)
+    result, _ = packed(model, prompts, completions, path)
+    sp.grpo_token_mean_loss(result, advantages).backward()
+    if kind == "gpt_oss":
+        assert float(ref["model.layers.0.self_attn.sinks"].abs().max()) > 1e-6  # the sinks are trained
+    for name, g in ref.items():
+        got = model.get_parameter(name).grad
+        scale = max(float(g.abs().max()), 1e-30)
+        assert float((got - g).abs().max()) / scale <= REL_GRAD, name
+
+
+@pytest.mark.parametrize("kind, argument", [("gemma2", "softcap"), ("gpt_oss", "s_aux")])
+def test_control_an_attention_dropping_softcap_or_sinks_fails(kind, argument, monkeypatch):
+    """The issue's bug, reproduced: an attention that swallows the argument is caught by the comparison."""
+    from packkit.shared_prefix import hf
+
+    forward = hf.shared_prefix_attention_forward
+
+    def dropping(*args, **kwargs):
+        assert kwargs.pop(argument) is not None
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(hf, "shared_prefix_attention_forward", dropping)
+    model = attention_models.tiny(kind)
+    prompts, completions = groups()
+    reference = per_sample_groups(model, prompts, completions)
+    result, _ = packed(model, prompts, completions, "varlen")
+    assert worst(result, reference) > 1e-4
