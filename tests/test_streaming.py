@@ -325,7 +325,7 @@ def test_state_holds_positions_not_tokens():
     text = json.dumps(state)
     assert len(text) < 20_000
     assert set(state) == {"format", "epoch", "shard", "num_shards", "next_position", "capacity", "overlong",
-                          "carry", "ready", "stats"}
+                          "carry", "ready", "stats", "pad_to_multiple_of"}
     assert len(state["carry"]) <= 128 and all(len(p) == 3 for p in state["carry"])
 
 
@@ -428,8 +428,8 @@ def test_bad_states():
         list(plain)
     # The state names examples the source no longer has.
     short = PackedIterableDataset(examples[:2], 32)
-    short.load_state_dict({**state, "carry": [], "ready": [[[25, 0]]]})
-    with pytest.raises(ValueError, match="source position 25 but the source has 2 examples"):
+    short.load_state_dict({**state, "carry": [], "ready": [[[25, 0]]], "next_position": 26})
+    with pytest.raises(ValueError, match="next_position is 26 but the source has 2 examples"):
         list(short)
 
 

@@ -1,6 +1,7 @@
 """Argument conversion shared by the sampler's modules."""
 from __future__ import annotations
 
+import hashlib
 import numbers
 
 import numpy as np
@@ -17,9 +18,13 @@ def int_arg(value, name: str) -> int:
     return int(value)
 
 
-def cost_tag(cost) -> str:
+def cost_tag(cost, probe: np.ndarray) -> str:
+    """The cost model as a string for a state's fingerprint. A callable is named by a digest of its costs on
+    ``probe`` (the sampler's distinct lengths): two lambdas share a ``__qualname__`` but not their values."""
     if isinstance(cost, str):
         return cost
     if isinstance(cost, (tuple, list)):
         return f"({float(cost[0])!r}, {float(cost[1])!r})"
-    return f"callable:{getattr(cost, '__module__', '?')}.{getattr(cost, '__qualname__', type(cost).__name__)}"
+    values = np.ascontiguousarray(np.asarray(cost(probe.astype(np.int64)), dtype=np.float64))
+    digest = hashlib.blake2b(values.tobytes(), digest_size=16).hexdigest()
+    return f"callable:{getattr(cost, '__qualname__', type(cost).__name__)}:{digest}"

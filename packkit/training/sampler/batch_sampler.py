@@ -130,6 +130,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         self.truncated = over if overlong == "truncate" else np.zeros(0, np.int64)
         self.zero_length = np.flatnonzero(self.lengths == 0)
         self._lengths_digest = hashlib.blake2b(self.lengths.tobytes(), digest_size=16).hexdigest()
+        self._cost_tag: Optional[str] = None
         self.epoch = 0
         self._epoch_data: Optional[EpochPlan] = None
         self._steps_done = 0
@@ -267,10 +268,15 @@ class PackedBatchSampler(Sampler[list[int]]):
 
     # -- resume ----------------------------------------------------------------------------------
     def _fingerprint(self) -> dict:
+        # context_parallel: its (cp_size, mode) changes the plan (documents padded to 2 * cp_size); cp_rank does
+        # not (every rank of a CP group has the same rows), so a state moves between the ranks of a group.
+        cp = None if self.context_parallel is None else [self.context_parallel[0], self.context_parallel[2]]
+        if self._cost_tag is None:  # a callable cost is named by what it returns on this dataset's lengths
+            self._cost_tag = cost_tag(self.cost, np.unique(np.append(self.lengths, self.capacity)))
         return {"capacity": self.capacity, "world_size": self.world_size, "num_samples": len(self.lengths),
-                "lengths_digest": self._lengths_digest, "algorithm": self.algorithm, "cost": cost_tag(self.cost),
+                "lengths_digest": self._lengths_digest, "algorithm": self.algorithm, "cost": self._cost_tag,
                 "overlong": self.overlong, "shuffle": self.shuffle, "drop_last": self.drop_last,
-                "rows_per_step": self.rows_per_step}
+                "rows_per_step": self.rows_per_step, "context_parallel": cp}
 
     def state_dict(self, steps_done: Optional[int] = None) -> dict:
         """``{"version", "epoch", "seed", "steps_done", "config"}``: the same on every rank.
@@ -292,7 +298,8 @@ class PackedBatchSampler(Sampler[list[int]]):
         """Restores the epoch; the next ``__iter__`` starts right after ``steps_done`` rows.
 
         Raises ValueError if the state was saved with a different configuration (capacity,
-        world_size, lengths, algorithm, cost, overlong, shuffle, drop_last, seed).
+        world_size, lengths, algorithm, cost, overlong, shuffle, drop_last, rows_per_step, context_parallel
+        size and mode, seed). A callable ``cost`` is compared by its values on this dataset's lengths.
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
@@ -301,9 +308,14 @@ class PackedBatchSampler(Sampler[list[int]]):
             raise ValueError(f"state is missing {missing}; expected a dict from PackedBatchSampler.state_dict()")
         if state["version"] != STATE_VERSION:
             raise ValueError(f"unsupported state version {state['version']!r} (this packkit reads {STATE_VERSION})")
+        if not isinstance(state["config"], Mapping):
+            raise ValueError(f"state['config'] must be the dict state_dict() saved, got {type(state['config']).__name__}")
         mine = self._fingerprint()
         theirs = dict(state["config"])
         theirs.setdefault("rows_per_step", 1)  # states saved before rows_per_step existed
+        theirs.setdefault("context_parallel", None)  # ... and before context_parallel did
+        if isinstance(theirs["context_parallel"], tuple):  # a state kept in memory rather than serialised
+            theirs["context_parallel"] = list(theirs["context_parallel"])
         diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]}
         if int_arg(state["seed"], "seed") != self.seed:
             diff["seed"] = (state["seed"], self.seed)

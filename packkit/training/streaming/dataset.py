@@ -170,14 +170,14 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         if self._loaded is not None:
             return copy.deepcopy(self._loaded)
         if self._progress is not None:
-            return self._progress.state(self.capacity, self.overlong)
+            return self._progress.state(self.capacity, self.overlong, self._cp_multiple or 1)
         shard, num_shards = self._shard()
-        return Progress(self._epoch, shard, num_shards).state(self.capacity, self.overlong)
+        return Progress(self._epoch, shard, num_shards).state(self.capacity, self.overlong, self._cp_multiple or 1)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from :meth:`state_dict`'s output at the next ``iter()`` (same source, capacity, overlong
         policy and sharding; buffer size, algorithm and the rest may change)."""
-        clean = checked_state(state, self.capacity, self.overlong)
+        clean = checked_state(state, self.capacity, self.overlong, self._cp_multiple or 1)
         self._loaded = clean
         self._epoch = clean["epoch"]
         self._progress = None

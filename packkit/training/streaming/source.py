@@ -51,8 +51,9 @@ class SourceReader:
             return False
         return hasattr(s, "__len__") and hasattr(s, "__getitem__")
 
-    def stream(self, begin: int, shard: int, num_shards: int, epoch: int) -> Iterator:
-        """(position, example) for this shard's positions >= begin, in source order."""
+    def stream(self, begin: int, shard: int, num_shards: int, epoch: int, must_reach: int = 0) -> Iterator:
+        """(position, example) for this shard's positions >= begin, in source order. ValueError (while
+        iterating) if the source holds fewer than ``must_reach`` examples (a resumed ``next_position``)."""
         source = self.source
         if hasattr(source, "set_epoch") and not callable(source):
             source.set_epoch(epoch)
@@ -73,7 +74,7 @@ class SourceReader:
                 it = rows()
             else:
                 it = iter(source)
-            it = itertools.islice(it, begin, None)
+            it = _skip(it, begin, must_reach)
             positions = itertools.count(begin)
         else:
             if callable(source):
@@ -86,7 +87,7 @@ class SourceReader:
                                         "consumed it; pass a list, a re-iterable or a callable returning a fresh "
                                         "iterator")
                     self._oneshot_used = True
-            it = itertools.islice(it, begin, None)
+            it = _skip(it, begin, must_reach)
             positions = itertools.count(begin)
         if num_shards == 1:
             return zip(positions, it)
@@ -100,13 +101,17 @@ class SourceReader:
         examples = {}
         if self.indexable():
             n = len(self.source)
+            if progress.next_position > n:
+                raise ValueError(f"the state's next_position is {progress.next_position} but the source has {n} "
+                                 f"examples: the state is not of this source")
             for p in wanted:
                 if p >= n:
                     raise ValueError(f"the state names source position {p} but the source has {n} examples")
                 examples[p] = self.source[p]
             fresh = self.stream(progress.next_position, shard, num_shards, epoch)
         else:
-            stream = self.stream(min(wanted + [progress.next_position]), shard, num_shards, epoch)
+            stream = self.stream(min(wanted + [progress.next_position]), shard, num_shards, epoch,
+                                 must_reach=progress.next_position)
             fresh = iter(())
             want = set(wanted)
             for p, ex in stream:
@@ -127,3 +132,15 @@ class SourceReader:
                 raise ValueError(f"the state names piece (position {key[0]}, start {key[1]}) which the source's "
                                  f"example {key[0]} does not have: the source changed since the state was saved")
         return pieces, fresh
+
+
+def _skip(it: Iterator, begin: int, must_reach: int) -> Iterator:
+    """``it`` from its ``begin``-th item on; ValueError once it ends if it held fewer than ``must_reach`` items
+    (a resumed state read further than this source goes: otherwise the epoch would silently be empty)."""
+    count = sum(1 for _ in itertools.islice(it, begin))
+    for item in it:
+        count += 1
+        yield item
+    if count < must_reach:
+        raise ValueError(f"the state's next_position is {must_reach} but the source ended after {count} examples: "
+                         f"the state is not of this source (or the source changed since it was saved)")

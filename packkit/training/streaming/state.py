@@ -28,29 +28,35 @@ class Progress:
         self.stats = dict.fromkeys(STAT_KEYS, 0) if stats is None else dict(stats)
         self.stats.update((key, 0) for key in STAT_KEYS if key not in self.stats)
 
-    def state(self, capacity: int, overlong: str) -> dict:
+    def state(self, capacity: int, overlong: str, pad_to_multiple_of: int = 1) -> dict:
         # Between items carry_ages matches carry; after an error while a buffer was being read, the carry
         # also holds that buffer's new pieces (age 0), so a state taken then still loses nothing.
         ages = self.carry_ages + [0] * (len(self.carry) - len(self.carry_ages))
         return {
             "format": STATE_FORMAT, "epoch": self.epoch, "shard": self.shard, "num_shards": self.num_shards,
             "next_position": self.next_position, "capacity": capacity, "overlong": overlong,
+            "pad_to_multiple_of": pad_to_multiple_of,
             "carry": [[p[0], p[1], age] for p, age in zip(self.carry, ages)],
             "ready": [[[p[0], p[1]] for p in row] for row in self.ready],
             "stats": dict(self.stats),
         }
 
 
-def checked_state(state, capacity: int, overlong: str) -> dict:
+def checked_state(state, capacity: int, overlong: str, pad_to_multiple_of: int = 1) -> dict:
     """A deep copy of ``state`` with its ints normalised, or ValueError naming what is wrong (format,
-    missing keys, a capacity or overlong policy other than this dataset's, malformed pieces)."""
+    missing keys, a capacity, overlong policy or context-parallel padding other than this dataset's,
+    malformed pieces, a piece named twice, read after ``next_position`` or of another shard, bad stats)."""
     if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"not a PackedIterableDataset state (expected format {STATE_FORMAT!r})")
     missing = [k for k in ("epoch", "shard", "num_shards", "next_position", "capacity", "overlong", "carry",
                            "ready") if k not in state]
     if missing:
         raise ValueError(f"state is missing {', '.join(missing)}")
-    if int(state["capacity"]) != capacity or state["overlong"] != overlong:
+    saved_multiple = state.get("pad_to_multiple_of", 1)  # states saved before it existed had none
+    if saved_multiple != pad_to_multiple_of:
+        raise ValueError(f"state was saved with documents padded to multiples of {saved_multiple!r} (context_parallel)"
+                         f" but this dataset pads to {pad_to_multiple_of}: its planned rows would not fit")
+    if state["capacity"] != capacity or state["overlong"] != overlong:
         raise ValueError(f"state was saved with capacity={state['capacity']}, overlong={state['overlong']!r} "
                          f"but this dataset has capacity={capacity}, overlong={overlong!r}")
 
@@ -73,4 +79,20 @@ def checked_state(state, capacity: int, overlong: str) -> dict:
     clean["ready"] = [[piece(p) for p in row] for row in clean["ready"]]
     if any(not row for row in clean["ready"]):
         raise ValueError("state has an empty ready row")
+    pieces = [tuple(p[:2]) for p in clean["carry"]] + [tuple(p) for row in clean["ready"] for p in row]
+    if len(set(pieces)) != len(pieces):
+        seen = set()
+        twice = next(p for p in pieces if p in seen or seen.add(p))
+        raise ValueError(f"state names piece (position {twice[0]}, start {twice[1]}) twice: it would be yielded twice")
+    for position, _ in pieces:
+        if position >= clean["next_position"]:
+            raise ValueError(f"state names a piece of source position {position} but next_position is "
+                             f"{clean['next_position']}: only positions already read can be pending")
+        if position % clean["num_shards"] != clean["shard"]:
+            raise ValueError(f"state names source position {position}, which is not in shard {clean['shard']} of "
+                             f"{clean['num_shards']}")
+    stats = clean.get("stats", {})
+    if not isinstance(stats, Mapping) or any(
+            isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0 for v in stats.values()):
+        raise ValueError(f"state['stats'] must map counter names to non-negative ints, got {stats!r:.200}")
     return clean
