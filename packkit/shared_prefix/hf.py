@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..training.attention_args import refusal, refuse_common, refuse_unknown, register
+from ..training.attention_args import refusal, refuse_unknown, register
 from .attention_meta import SharedPrefixAttention
 
 NAME = "packkit_shared_prefix"
@@ -56,19 +56,20 @@ def shared_prefix_attention_forward(module: torch.nn.Module, query: torch.Tensor
     The keyword arguments are those of ``packkit.training.attention_args.ARGUMENTS``; any other is refused."""
     refuse_unknown(NAME, module, unknown)
     if not isinstance(shared_prefix, SharedPrefixAttention):
-        raise ValueError("shared-prefix attention needs the batch's 'shared_prefix' entry: call the model as "
-                         "model(**batch, use_cache=False) with batch from packkit.shared_prefix.pack_groups / pack_tree")
+        raise refusal(NAME, module, "a call without the batch's 'shared_prefix' entry", "call the model as "
+                      "model(**batch, use_cache=False) with batch from packkit.shared_prefix.pack_groups / pack_tree")
     if dropout:
-        raise ValueError(f"shared-prefix attention refuses attention dropout ({dropout}): a shared prefix is one "
-                         "forward, so every branch would see the same dropout draw; set the config's "
-                         "attention_dropout to 0 or call model.eval()")
+        raise refusal(NAME, module, f"attention dropout ({dropout})", "a shared prefix is one forward, so every "
+                      "branch would see the same dropout draw; set the config's attention_dropout to 0 or call "
+                      "model.eval()")
     if use_cache or key.shape[-2] != query.shape[-2]:
-        raise ValueError("shared-prefix attention refuses a KV cache: the cache would hold every branch of the "
-                         "packed tree as one sequence; call the model with use_cache=False")
+        raise refusal(NAME, module, "a KV cache (use_cache=True or cached keys)", "the cache would hold every "
+                      "branch of the packed tree as one sequence; call the model with use_cache=False")
     if attention_mask is not None:
-        raise ValueError("shared-prefix attention takes no attention_mask: the tree in batch['shared_prefix'] is "
-                         "the mask; pass the batch unchanged")
-    refuse_common(NAME, module, None, 0.0, output_attentions)
+        raise refusal(NAME, module, "an attention_mask", "the tree in batch['shared_prefix'] is the mask; pass the "
+                      "batch unchanged")
+    if output_attentions:
+        raise refusal(NAME, module, "output_attentions=True", "no attention weights are formed; call without it")
     flat = [n for n, v in zip(_FLAT_BATCH, (cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx))
             if v is not None]
     if flat:
@@ -83,9 +84,9 @@ def shared_prefix_attention_forward(module: torch.nn.Module, query: torch.Tensor
                "continue from its prefix's); pass batch['position_ids'] unchanged")
         raise refusal(NAME, module, "the call's position_ids", why)
     if sliding_window is not None and 0 < sliding_window < shared_prefix.max_path:
-        raise ValueError(f"a sliding window of {sliding_window} tokens is shorter than the longest tree path "
-                         f"({shared_prefix.max_path} tokens): the window is not implemented on tree masks; use "
-                         "unshared packing for these sequences")
+        raise refusal(NAME, module, f"a sliding window of {sliding_window} tokens, shorter than the longest tree "
+                      f"path ({shared_prefix.max_path} tokens)", "the window is not implemented on tree masks; use "
+                      "unshared packing for these sequences")
     _check_model(module)
     if softcap is not None and not softcap > 0:
         raise refusal(NAME, module, f"softcap={softcap!r}", "a soft-cap must be a positive number")

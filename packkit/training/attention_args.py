@@ -88,18 +88,6 @@ def refuse_unknown(function: str, module: torch.nn.Module, unknown: dict) -> Non
                       + ", ".join(sorted(ARGUMENTS)))
 
 
-def refuse_common(function: str, module: torch.nn.Module, attention_mask, dropout, output_attentions) -> None:
-    """What neither function implements: a mask tensor, attention dropout, returned attention weights."""
-    if attention_mask is not None:
-        raise refusal(function, module, "an attention_mask",
-                      "the packed batch's metadata is the mask; pass the packkit batch unchanged, without a mask")
-    if dropout:
-        raise refusal(function, module, f"attention dropout ({dropout})",
-                      "set the config's attention_dropout to 0 or call model.eval()")
-    if output_attentions:
-        raise refusal(function, module, "output_attentions=True", "no attention weights are formed; call without it")
-
-
 def mask_guard(function: str):
     """A transformers mask function (``AttentionMaskInterface``) for ``function``: transformers builds no mask for an
     attention it does not know and passes the attention ``None`` even when the model was called with an

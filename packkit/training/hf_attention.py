@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from .attention_args import refusal, refuse_common, refuse_unknown, register
+from .attention_args import refusal, refuse_unknown, register
 
 NAME = "packkit_varlen"
 
@@ -39,20 +39,30 @@ def _has_window() -> bool:
     return "window_size" in _varlen_api()[1]
 
 
+def _kernel_mode(params, causal: bool, window: Optional[int]) -> dict:
+    """varlen_attn's masking keywords. torch 2.10 takes is_causal; later versions a flash-attn (left, right) window,
+    a query i seeing keys j with i - left <= j <= i + right (-1: unbounded; (-1, 0) is causal). transformers' sliding
+    window w lets a query see keys i - j < w, i.e. left = w - 1 (as transformers' own flash path passes)."""
+    if window is not None and not causal:
+        raise ValueError("a sliding window is only passed to varlen_attn on causal layers")
+    if "window_size" not in params:
+        if window is not None:
+            raise ValueError(f"torch {torch.__version__}'s varlen_attn has no window_size")
+        return {"is_causal": causal}
+    if not causal:
+        return {"window_size": (-1, -1)}
+    return {"window_size": (-1 if window is None else window - 1, 0)}
+
+
 def _varlen_kernel():
     """torch's varlen_attn as f(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal[, window=w])."""
     varlen_attn, params = _varlen_api()
 
     def run(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window=None):
+        mode = _kernel_mode(params, causal, window)
         if q.device.type != "cuda":
             raise ValueError(f"varlen attention runs on CUDA tensors only (FlashAttention); got {q.device}. "
                              "Use attn_implementation='sdpa' on the CPU")
-        # torch 2.10 takes is_causal; later versions a (left, right) window, (-1, 0) being causal. transformers'
-        # sliding window w lets a query see keys q - k < w: flash's left window w - 1 (only called when causal).
-        if "is_causal" in params:
-            mode = {"is_causal": causal}
-        else:
-            mode = {"window_size": (-1 if window is None else window - 1, 0) if causal else (-1, -1)}
         return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, **mode)
     return run
 
@@ -75,15 +85,17 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         raise refusal(NAME, module, "a shared-prefix batch", "call model.set_attn_implementation("
                       "packkit.shared_prefix.register_attention()) for pack_groups / pack_tree batches")
     if cu_seq_lens_q is None or max_length_q is None:
-        raise ValueError("varlen attention needs the batch's cu_seq_lens_q and max_length_q (a packkit "
-                         "PackingCollator / pack_sequences batch passed to the model as **batch)")
+        raise refusal(NAME, module, "a call without cu_seq_lens_q / max_length_q", "varlen attention needs the "
+                      "batch's cu_seq_lens_q and max_length_q (a packkit PackingCollator / pack_sequences batch passed "
+                      "to the model as **batch)")
     if attention_mask is not None:
-        raise ValueError("varlen attention takes no attention_mask: documents are cut by cu_seq_lens_q; "
-                         "drop the mask (a packkit batch has none unless return_block_mask=True)")
+        raise refusal(NAME, module, "an attention_mask", "varlen attention takes no attention_mask: documents are "
+                      "cut by cu_seq_lens_q; drop the mask (a packkit batch has none unless return_block_mask=True)")
     if dropout:
-        raise ValueError(f"varlen attention has no attention dropout; got dropout={dropout} (set the model "
-                         "config's attention_dropout to 0)")
-    refuse_common(NAME, module, None, 0.0, output_attentions)
+        raise refusal(NAME, module, f"attention dropout ({dropout})", "varlen_attn has no dropout; set the model "
+                      "config's attention_dropout to 0 or call model.eval()")
+    if output_attentions:
+        raise refusal(NAME, module, "output_attentions=True", "no attention weights are formed; call without it")
     if softcap is not None:
         raise refusal(NAME, module, f"attention logit soft-capping (softcap={softcap})",
                       "torch's varlen_attn has no soft-capping; use attn_implementation='flex_attention' or 'eager'")
@@ -95,7 +107,7 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
                       "the packed documents are the whole sequence; call the model with use_cache=False")
     cu_k = cu_seq_lens_q if cu_seq_lens_k is None else cu_seq_lens_k
     max_k = max_length_q if max_length_k is None else max_length_k
-    causal = bool(module.is_causal if is_causal is None else is_causal)
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     window = {}
     if sliding_window is not None and 0 < sliding_window < max(int(max_length_q), int(max_k)):
         if not causal:

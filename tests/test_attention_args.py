@@ -1,0 +1,271 @@
+"""Every keyword argument transformers passes to packkit's attention functions is implemented or refused by name.
+
+* The table (``packkit.training.attention_args.ARGUMENTS``) is exactly each function's keyword list, and covers what
+  transformers 5.x passes for several model families (recorded by running them).
+* ``packkit_varlen`` (CUDA-only kernel): every refusal fires on CPU tensors before the kernel would; the sliding
+  window reaches the kernel and, with a per-document reference kernel, matches per-sample Mistral SDPA (a kernel
+  ignoring it fails the same check); non-causal layers run non-causal.
+* ``packkit_shared_prefix``: positions must be the batch's own tensor (a call without ``position_ids`` is refused,
+  so is a copy); a user ``attention_mask`` is refused for both functions although transformers never hands it to
+  them; dropout, a KV cache, non-causal layers, short windows, flat-batch metadata, bad sinks are refused naming the
+  feature and the model type.
+"""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import packkit
+from packkit import shared_prefix as sp
+from packkit.shared_prefix import hf
+from packkit.training import attention_args, hf_attention
+
+import attention_models
+from shared_prefix_models import VOCAB
+
+transformers = pytest.importorskip("transformers")
+
+FUNCTIONS = {"packkit_varlen": hf_attention.varlen_attention_forward,
+             "packkit_shared_prefix": hf.shared_prefix_attention_forward}
+POSITIONAL = ["module", "query", "key", "value", "attention_mask"]
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_the_table_is_each_functions_keyword_list(name):
+    params = inspect.signature(FUNCTIONS[name]).parameters
+    named = [p for p, v in params.items() if v.kind != inspect.Parameter.VAR_KEYWORD]
+    assert named[:5] == POSITIONAL
+    assert sorted(named[5:]) == sorted(attention_args.ARGUMENTS)
+    assert [v.kind for v in params.values()][-1] == inspect.Parameter.VAR_KEYWORD  # only to refuse the rest
+    for arg, rule in attention_args.ARGUMENTS.items():
+        assert rule.meaning and rule.varlen and rule.shared_prefix, arg
+
+
+def _tiny(kind, **overrides):
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=128, use_cache=False)
+    extra = {"gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "experts_implementation": "eager"},
+             "mistral": {"sliding_window": 3}, "gemma2": {"sliding_window": 3}, "cohere2": {"sliding_window": 3}}
+    config = transformers.AutoConfig.for_model(kind, **{**common, **extra.get(kind, {}), **overrides})
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+RECORDED = []
+
+
+def _recording(module, query, key, value, attention_mask, **kwargs):
+    RECORDED.append(set(kwargs))
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=kwargs.get("dropout", 0.0),
+                                  scaling=kwargs.get("scaling"))
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen3", "gemma2", "gpt_oss", "cohere2", "olmo2", "phi3"])
+def test_the_table_covers_what_transformers_passes(kind):
+    """A packed PackingCollator batch (cu_seq_lens, seq_idx, num_items_in_batch), the model-call flags, a
+    shared-prefix entry: every keyword that reaches the attention is in the table."""
+    transformers.AttentionInterface.register("packkit_test_recording", _recording)
+    model = _tiny(kind, **({"pad_token_id": 0} if kind == "phi3" else {}))
+    model.set_attn_implementation("packkit_test_recording")
+    batch = packkit.PackingCollator(16, return_num_items=True)([{"input_ids": [1, 2, 3, 4]}, {"input_ids": [5, 6]}])
+    RECORDED.clear()
+    with torch.no_grad():
+        model(**batch, use_cache=False, output_attentions=True, output_hidden_states=True)
+        model(input_ids=batch["input_ids"], use_cache=False, shared_prefix="x")
+    seen = set().union(*RECORDED)
+    assert {"dropout", "scaling", "cu_seq_lens_q", "shared_prefix"} <= seen
+    assert seen <= set(attention_args.ARGUMENTS), sorted(seen - set(attention_args.ARGUMENTS))
+
+
+# --- direct calls: refusals first, on CPU tensors (the varlen kernel is CUDA-only) ------------------------------
+def _module(model_type="llama", causal=True):
+    module = torch.nn.Module()
+    module.is_causal = causal
+    module.config = transformers.PretrainedConfig()
+    module.config.model_type = model_type
+    return module
+
+
+def _varlen(module=None, length=6, **kw):
+    q, kv = torch.zeros(1, 4, length, 8), torch.zeros(1, 2, length, 8)
+    kw = {"cu_seq_lens_q": torch.tensor([0, length], dtype=torch.int32), "max_length_q": length, **kw}
+    return hf_attention.varlen_attention_forward(module or _module(), q, kv, kv, None, **kw)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"position_bias": torch.zeros(1)}, "model type 'gemma_x'.*position_bias.*neither implements nor knows"),
+    ({"softcap": 50.0}, "model type 'gemma_x'.*soft-capping \\(softcap=50.0\\) is refused"),
+    ({"s_aux": torch.zeros(4)}, "model type 'gemma_x'.*attention sinks \\(s_aux\\) is refused"),
+    ({"dropout": 0.1}, "model type 'gemma_x'.*attention dropout \\(0.1\\) is refused"),
+    ({"output_attentions": True}, "output_attentions=True is refused"),
+    ({"shared_prefix": object()}, "a shared-prefix batch is refused"),
+])
+def test_varlen_refuses_by_name_before_the_kernel(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _varlen(_module("gemma_x"), **kwargs)
+
+
+def test_varlen_refuses_cached_keys_and_windows_it_cannot_run(monkeypatch):
+    q, kv = torch.zeros(1, 4, 1, 8), torch.zeros(1, 2, 6, 8)
+    with pytest.raises(ValueError, match="cached keys \\(6 keys for 1 queries\\)"):
+        hf_attention.varlen_attention_forward(_module(), q, kv, kv, None, cu_seq_lens_q=torch.tensor([0, 1]),
+                                              max_length_q=1)
+    with pytest.raises(ValueError, match="sliding window of 3 on a non-causal layer"):
+        _varlen(_module(causal=False), sliding_window=3)
+    monkeypatch.setattr(hf_attention, "_has_window", lambda: False)
+    with pytest.raises(ValueError, match="model type 'llama'.*sliding window of 3 tokens.*no window_size"):
+        _varlen(sliding_window=3)
+
+
+def test_varlen_kernel_modes():
+    """transformers' window w (a query sees keys i - j < w) is flash-attn's left window w - 1."""
+    new, old = {"window_size": None}, {"is_causal": None}
+    assert hf_attention._kernel_mode(new, True, None) == {"window_size": (-1, 0)}
+    assert hf_attention._kernel_mode(new, True, 3) == {"window_size": (2, 0)}
+    assert hf_attention._kernel_mode(new, False, None) == {"window_size": (-1, -1)}
+    assert hf_attention._kernel_mode(old, False, None) == {"is_causal": False}
+    with pytest.raises(ValueError, match="no window_size"):
+        hf_attention._kernel_mode(old, True, 3)
+
+
+def windowed_per_document(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window=None):
+    """varlen_attn's contract with transformers' window rule (i - j < w), one SDPA call per document."""
+    out = []
+    bounds = cu_q.tolist()
+    for a, b in zip(bounds, bounds[1:]):
+        i, j = torch.arange(b - a)[:, None], torch.arange(b - a)[None, :]
+        visible = (j <= i) if causal else torch.ones(b - a, b - a, dtype=torch.bool)
+        if window is not None:
+            visible = visible & (i - j < window)
+        out.append(F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
+                                                  v[a:b].transpose(0, 1), attn_mask=visible,
+                                                  scale=scale).transpose(0, 1))
+    return torch.cat(out)
+
+
+def _varlen_mistral_error(monkeypatch, kernel):
+    monkeypatch.setattr(hf_attention, "_varlen_kernel", lambda: kernel)
+    model = _tiny("mistral").to(torch.float64)
+    seqs = [[3, 9, 4, 17, 22, 5, 8], [11, 2, 6], [7, 30, 12, 1, 9]]
+    with torch.no_grad():
+        alone = [model(input_ids=torch.tensor([s]), use_cache=False).logits[0] for s in seqs]  # SDPA, windowed
+        model.set_attn_implementation(packkit.register_varlen_attention())
+        batch = packkit.PackingCollator(16)([{"input_ids": s} for s in seqs])
+        logits = model(**batch, use_cache=False).logits[0]
+    starts = [0, 7, 10]
+    return max(float((logits[a:a + len(s)] - ref).abs().max()) for a, s, ref in zip(starts, seqs, alone))
+
+
+def test_varlen_sliding_window_reaches_the_kernel(monkeypatch):
+    """Mistral, window 3, documents of 7, 3 and 5 tokens: equal to per-sample SDPA; a kernel that drops the
+    window fails the same comparison."""
+    assert _varlen_mistral_error(monkeypatch, windowed_per_document) <= 1e-12
+
+    def dropping(*args, window=None):
+        assert window == 3
+        return windowed_per_document(*args)
+    assert _varlen_mistral_error(monkeypatch, dropping) > 1e-3
+
+
+def test_varlen_non_causal_layer_runs_non_causal(monkeypatch):
+    calls = []
+    monkeypatch.setattr(hf_attention, "_varlen_kernel", lambda: lambda *a, **k: calls.append((a[8], k)) or a[0])
+    _varlen(_module(causal=False))
+    _varlen(_module(causal=True), is_causal=False)
+    _varlen(_module(), sliding_window=6)  # as long as the longest document: no window needed
+    assert calls == [(False, {}), (False, {}), (True, {})]
+
+
+# --- shared-prefix: positions, masks and the refusals, through real models -----------------------------------
+PROMPTS, COMPLETIONS = [[5, 9, 2, 33], [7, 1]], [[[18, 4], [60, 11, 3]], [[8], [21, 22]]]
+
+
+def _shared(kind="llama", **overrides):
+    model = _tiny(kind, **overrides).to(torch.float64)
+    model.set_attn_implementation(sp.register_attention())
+    batch, info = sp.pack_groups(PROMPTS, COMPLETIONS, attention="dense")
+    return model, batch
+
+
+def test_shared_prefix_positions_must_be_the_batchs_own():
+    model, batch = _shared()
+    with torch.no_grad():
+        model(**batch, use_cache=False)  # the batch as packed: accepted
+        with pytest.raises(ValueError, match="model type 'llama'.*position_ids is refused: they are not the batch"):
+            model(input_ids=batch["input_ids"], shared_prefix=batch["shared_prefix"], use_cache=False)
+        with pytest.raises(ValueError, match="position_ids is refused: they are not the batch"):
+            model(**{**batch, "position_ids": batch["position_ids"].clone()}, use_cache=False)
+    attn, q = batch["shared_prefix"], torch.zeros(1, 4, batch["input_ids"].shape[1], 8)
+    with pytest.raises(ValueError, match="position_ids is refused: this model does not pass position_ids"):
+        hf.shared_prefix_attention_forward(_module(), q, q, q, None, shared_prefix=attn)
+    assert attn.positions_match(batch["position_ids"][:])  # a view of the same storage is the same positions
+
+
+@pytest.mark.parametrize("register, pack", [
+    (sp.register_attention, lambda: sp.pack_groups(PROMPTS, COMPLETIONS)[0]),
+    (packkit.register_varlen_attention, lambda: packkit.PackingCollator(16)([{"input_ids": [1, 2, 3]}])),
+])
+@pytest.mark.parametrize("mask", ["ones", "zeros"])
+def test_a_user_attention_mask_is_refused_although_transformers_drops_it(register, pack, mask):
+    model = _tiny("llama")
+    name = register()
+    model.set_attn_implementation(name)
+    batch = pack()
+    attention_mask = torch.ones_like(batch["input_ids"])
+    if mask == "zeros":
+        attention_mask[:, -1] = 0
+    with pytest.raises(ValueError, match=f"{name} on model type 'llama'.*called with an attention_mask"):
+        model(**batch, attention_mask=attention_mask, use_cache=False)
+
+
+def test_shared_prefix_refuses_by_name():
+    model, batch = _shared()
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="model type 'llama'.*KV cache"):
+            model(**batch, use_cache=True)
+        with pytest.raises(ValueError, match="model type 'llama'.*output_attentions=True is refused"):
+            model(**batch, use_cache=False, output_attentions=True)
+        with pytest.raises(ValueError, match="model type 'llama'.*cu_seq_lens_q, max_length_q next to a shared"):
+            model(**batch, use_cache=False, cu_seq_lens_q=torch.tensor([0, 3]), max_length_q=3)
+        with pytest.raises(ValueError, match="model type 'llama'.*the argument\\(s\\) mystery"):
+            model(**batch, use_cache=False, mystery=1)
+    model, batch = _shared(attention_dropout=0.1)
+    model.train()
+    with pytest.raises(ValueError, match="model type 'llama'.*attention dropout \\(0.1\\) is refused"):
+        model(**batch, use_cache=False)
+    model, batch = _shared("gemma2")  # sliding window 3 < the longest path (6 tokens)
+    with pytest.raises(ValueError, match="model type 'gemma2'.*sliding window of 3 tokens, shorter than the longest"):
+        model(**batch, use_cache=False)
+    model, batch = _shared("gemma3_text", use_bidirectional_attention=True, sliding_window=64)
+    with pytest.raises(ValueError, match="model type 'gemma3_text'.*non-causal"):
+        model(**batch, use_cache=False)
+    attn, q = batch["shared_prefix"], torch.zeros(1, 4, batch["input_ids"].shape[1], 8)
+    pos = batch["position_ids"]
+    with pytest.raises(ValueError, match="model type 'gpt_oss'.*s_aux of shape \\(2,\\)"):
+        hf.shared_prefix_attention_forward(_module("gpt_oss"), q, q, q, None, shared_prefix=attn, position_ids=pos,
+                                           s_aux=torch.zeros(2))
+    with pytest.raises(ValueError, match="softcap=0.0"):
+        hf.shared_prefix_attention_forward(_module(), q, q, q, None, shared_prefix=attn, position_ids=pos,
+                                           softcap=0.0)
+    with pytest.raises(ValueError, match="model type 'llama'.*non-causal"):
+        hf.shared_prefix_attention_forward(_module(), q, q, q, None, shared_prefix=attn, position_ids=pos,
+                                           is_causal=False)
+
+
+def test_gemma2_and_gpt_oss_reach_the_shared_prefix_attention_with_softcap_and_sinks(monkeypatch):
+    """The arguments arrive (not just the model runs): recorded at the attention."""
+    seen = []
+    forward = hf.shared_prefix_attention_forward
+    monkeypatch.setattr(hf, "shared_prefix_attention_forward",
+                        lambda *a, **k: seen.append((k.get("softcap"), k.get("s_aux") is not None)) or forward(*a, **k))
+    for kind in ("gemma2", "gpt_oss"):
+        model = attention_models.tiny(kind)
+        model.set_attn_implementation(sp.register_attention())
+        with torch.no_grad():
+            model(**sp.pack_groups(PROMPTS, COMPLETIONS)[0], use_cache=False)
+    assert seen == [(1.0, False)] * 2 + [(None, True)] * 2
