@@ -83,8 +83,8 @@ def tiny(kind: str, attn: str = REFERENCE, **overrides):
                 layer.self_attn.q_proj.weight.mul_(12)
                 layer.self_attn.k_proj.weight.mul_(12)
     elif kind == "gpt_oss":
-        config = transformers.GptOssConfig(**{**common, "num_local_experts": 4, "num_experts_per_tok": 2, "experts_implementation": "eager",
-                                              **overrides})
+        config = transformers.GptOssConfig(**{**common, "max_position_embeddings": 131072, "num_local_experts": 4,
+                                              "num_experts_per_tok": 2, "experts_implementation": "eager", **overrides})
         model = transformers.GptOssForCausalLM(config)
         with torch.no_grad():
             for layer in model.model.layers:
