@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..packing.checks import check_pack_scalars, check_separator
+from ..packing.checks import as_device, check_bool, check_pack_scalars, check_separator
 from ..packing.fields import check_pad_values, prepare_fields
 from ..packing.sequences import _backend_for, check_layout, plan_layout, source_tokens
 from ..packing.tensors import host_tensor, to_device
@@ -97,6 +97,7 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
     """
     _check_cp(cp_size, cp_rank, mode)
     check_layout(layout)
+    check_bool(return_info, "return_info")
     pad_token_id, ignore_index, position_ids_start, mask_first_label = check_pack_scalars(
         pad_token_id, ignore_index, position_ids_start, mask_first_label)
     if separator_id is not None:
@@ -116,7 +117,7 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
     fused = FusedPlan(segments, shape, seq_lengths, cp_size, cp_rank, mode)
     zigzag = mode == "zigzag"
 
-    device = flat_ids.device if device is None else torch.device(device)
+    device = flat_ids.device if device is None else as_device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     which = _backend_for(device, backend)

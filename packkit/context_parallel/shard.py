@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..packing import ops
-from ..packing.checks import check_int
+from ..packing.checks import check_bool, check_int, integer_tokens
 from ..packing.sequences import PackInfo, _backend_for
 from ..packing.tensors import host_tensor, to_device
 from ..planning.planner import as_lengths
@@ -275,15 +275,16 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
     """
     _check_cp(cp_size, cp_rank, mode)
     pad_token_id, ignore_index = check_int(pad_token_id, "pad_token_id", 0), check_int(ignore_index, "ignore_index")
+    check_bool(return_info, "return_info")
     if not isinstance(batch, dict) or "input_ids" not in batch:
         raise TypeError("batch must be a dict with input_ids (a packed batch from pack_sequences or a collator)")
     ids_in = batch["input_ids"]
     if not isinstance(ids_in, torch.Tensor):
         raise TypeError("batch['input_ids'] must be a tensor")
     num_tokens = ids_in.numel()
-    ids = ids_in.reshape(num_tokens)
+    ids = integer_tokens(ids_in.reshape(num_tokens), "batch['input_ids']")
     labels = batch.get("labels")
-    labels = ids if labels is None else _flat_tokens(labels, ids_in.shape, "labels")
+    labels = ids if labels is None else integer_tokens(_flat_tokens(labels, ids_in.shape, "labels"), "batch['labels']")
     pos = batch.get("position_ids")
     if pos is None:
         raise ValueError("the batch has no position_ids (pack with packkit.pack_sequences or a packkit collator)")
@@ -338,6 +339,10 @@ def unshard_context_parallel(gathered: Union[torch.Tensor, Sequence[torch.Tensor
         parts = list(gathered)
         if len(parts) != cp:
             raise ValueError(f"expected {cp} rank outputs, got {len(parts)}")
+        for r, p in enumerate(parts):
+            if not isinstance(p, torch.Tensor) or p.dim() < 1 or (p.shape[0] != n and p.shape[:2] != (1, n)):
+                raise ValueError(f"rank {r}'s output must be [local_len={n}, *f] or [1, {n}, *f], got "
+                                 f"{tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__}")
         gathered = torch.stack([p.reshape(n, *p.shape[2 if p.dim() >= 2 and p.shape[0] == 1 and p.shape[1] == n else 1:])
                                 for p in parts])
     if gathered.dim() >= 3 and gathered.shape[1] == 1 and gathered.shape[2] == n:

@@ -39,6 +39,18 @@ def check_bool(value, name: str) -> bool:
     return bool(value)
 
 
+def as_device(device, name: str = "device") -> torch.device:
+    """``torch.device(device)`` with a ValueError naming the argument (torch raises a RuntimeError)."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, (str, int)) or isinstance(device, bool):
+        raise TypeError(f"{name} must be a torch.device, a str like 'cuda:0' or an int, got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"{name}={device!r} is not a device: {exc}") from None
+
+
 def check_pack_scalars(pad_token_id, ignore_index, position_ids_start, mask_first_label=True) -> tuple:
     """(pad_token_id, ignore_index, position_ids_start, mask_first_label) checked: the padding id is an
     embedding index (>= 0), positions start at >= 0 (learned position embeddings index with them)."""
@@ -50,7 +62,8 @@ def check_separator(separator_id, ignore_index: int) -> int:
     """A first-label value: a token id (>= 0) or ``ignore_index``."""
     separator_id = check_int(separator_id, "separator_id")
     if separator_id < 0 and separator_id != ignore_index:
-        raise ValueError(f"separator_id must be >= 0 (a token id) or ignore_index={ignore_index}, got {separator_id}")
+        raise ValueError(f"separator_id must be >= 0 (a token id) or ignore_index={ignore_index}, got {separator_id} "
+                         f"(its default is -100: with another ignore_index pass separator_id=ignore_index, or None)")
     return separator_id
 
 

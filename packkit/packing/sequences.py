@@ -17,7 +17,7 @@ import torch
 from ..planning.planner import Plan, Segments, as_lengths, plan as make_plan
 from .ops import has_cuda_kernels
 from .buffers import PackBuffers
-from .checks import (check_bool, check_pack_scalars, check_padding, check_plan_covers,
+from .checks import (as_device, check_bool, check_pack_scalars, check_padding, check_plan_covers,
                      check_token_ids, integer_tokens)
 from .fields import pack_fields, prepare_fields
 from .multimodal.mrope import check_mrope_start
@@ -121,6 +121,9 @@ def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
         if flat.dim() < 1:
             raise ValueError(f"{name}: a flat source must be at least 1-D, got a scalar")
         lengths = as_lengths(lengths)
+        if len(lengths) and int(lengths.min()) < 0:
+            i = int(np.argmin(lengths))
+            raise ValueError(f"{name}: lengths must be >= 0; lengths[{i}] is {int(lengths[i])}")
         if int(lengths.sum()) != flat.shape[0]:
             raise ValueError(f"{name}: lengths sum to {int(lengths.sum())} but the flat source has "
                              f"{flat.shape[0]} tokens")
@@ -289,7 +292,7 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
 
     segments, shape = plan_layout(seq_lengths, plan, capacity, algorithm, overlong, layout, row_len, num_rows)
 
-    device = flat_ids.device if device is None else torch.device(device)
+    device = flat_ids.device if device is None else as_device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     which = _backend_for(device, backend)

@@ -16,7 +16,7 @@ import torch
 
 from ..context_parallel import cp_plan_multiple, pack_context_parallel, parse_context_parallel, shard_context_parallel
 from ..context_parallel.shard import CP_OUTPUT_KEYS, check_cp_capacity
-from ..packing.checks import check_bool, check_pack_scalars, check_separator, integer_tokens
+from ..packing.checks import as_device, check_bool, check_pack_scalars, check_separator, integer_tokens
 from ..packing.buffers import PackBuffers
 from ..packing.fields import check_pad_values, check_policy, prepare_fields
 from ..packing.multimodal import mrope_spec
@@ -121,6 +121,7 @@ class PackingCollator:
             raise ValueError(f"input_key and label_key must be two different str keys, got {input_key!r}, "
                              f"{label_key!r}")
         self.pad_token_id, self.ignore_index, self.separator_id = pad_token_id, ignore_index, separator_id
+        device = None if device is None else as_device(device)
         self.position_ids_start, self.device, self.backend = position_ids_start, device, backend
         self.return_block_mask, self.return_num_items = return_block_mask, return_num_items
         if model_config is not None and not return_block_mask:

@@ -33,6 +33,7 @@ from .ranks import cp_data_parallel_rank, resolve_rank, verify_same_plan
 
 SAMPLER_OVERLONG = ("error", "drop", "truncate")
 STATE_VERSION = 1
+MAX_ROWS_PER_STEP = 2**24
 
 
 class PackedBatchSampler(Sampler[list[int]]):
@@ -121,6 +122,9 @@ class PackedBatchSampler(Sampler[list[int]]):
         self.rows_per_step = int_arg(rows_per_step, "rows_per_step")
         if self.rows_per_step < 1:
             raise ValueError(f"rows_per_step must be >= 1, got {self.rows_per_step}")
+        if self.world_size * self.rows_per_step > MAX_ROWS_PER_STEP:  # the planner's dp_size limit, named here
+            raise ValueError(f"world_size * rows_per_step = {self.world_size} * {self.rows_per_step} rows per step; "
+                             f"at most {MAX_ROWS_PER_STEP}")
         over = np.flatnonzero(self.lengths > self.capacity)
         if overlong == "error" and len(over):
             i = int(over[0])

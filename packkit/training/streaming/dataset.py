@@ -14,6 +14,7 @@ import torch.utils.data
 
 from ...context_parallel import cp_plan_multiple, parse_context_parallel
 from ...context_parallel.shard import check_cp_capacity
+from ...packing.checks import check_bool, check_pack_scalars
 from ...packing.fields import check_pad_values, check_policy
 from ...packing.multimodal import mrope_spec
 from ...packing.multimodal.mrope import check_mrope_start
@@ -96,13 +97,8 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         if (self.rows_per_item or 1) * self.capacity >= 2**31:
             raise ValueError(f"rows_per_item * capacity must be < 2**31 (int32 cu_seqlens), got "
                              f"{self.rows_per_item or 1} * {self.capacity}")
-        for name, value in (("pad_token_id", pad_token_id), ("ignore_index", ignore_index),
-                            ("position_ids_start", position_ids_start)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        self.pad_token_id, self.ignore_index = int(pad_token_id), int(ignore_index)
-        self.position_ids_start = int(position_ids_start)
-        self.mask_first_label = bool(mask_first_label)
+        self.pad_token_id, self.ignore_index, self.position_ids_start, self.mask_first_label = check_pack_scalars(
+            pad_token_id, ignore_index, position_ids_start, mask_first_label)
         if not isinstance(input_key, str) or not (label_key is None or isinstance(label_key, str)):
             raise TypeError(f"input_key must be a str and label_key a str or None, got {input_key!r}, {label_key!r}")
         self.input_key, self.label_key = input_key, label_key
@@ -121,7 +117,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         if isinstance(max_carries, bool) or not isinstance(max_carries, numbers.Integral) or max_carries < 0:
             raise ValueError(f"max_carries must be a non-negative int, got {max_carries!r}")
         self.max_carries = int(max_carries)
-        self.return_example_ids = bool(return_example_ids)
+        self.return_example_ids = check_bool(return_example_ids, "return_example_ids")
 
         self.pad_values, self.extra_fields = check_pad_values(pad_values), check_policy(extra_fields)
         if mrope is not None:
