@@ -234,6 +234,10 @@ def test_shared_prefix_refuses_by_name():
             model(**batch, use_cache=False, cu_seq_lens_q=torch.tensor([0, 3]), max_length_q=3)
         with pytest.raises(ValueError, match="model type 'llama'.*the argument\\(s\\) mystery"):
             model(**batch, use_cache=False, mystery=1)
+        with pytest.raises(ValueError, match="model type 'llama'.*seq_idx next to a shared"):
+            model(**batch, use_cache=False, seq_idx=torch.zeros_like(batch["input_ids"]))
+        with pytest.raises(ValueError, match="model type 'llama'.*a call without the batch's 'shared_prefix' entry"):
+            model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
     model, batch = _shared(attention_dropout=0.1)
     model.train()
     with pytest.raises(ValueError, match="model type 'llama'.*attention dropout \\(0.1\\) is refused"):

@@ -75,7 +75,7 @@ def shared_prefix_attention_forward(module: torch.nn.Module, query: torch.Tensor
     if flat:
         raise refusal(NAME, module, f"{', '.join(flat)} next to a shared-prefix batch", "they describe a flat "
                       "packed batch's documents, not the tree; pass the pack_groups / pack_tree batch unchanged")
-    if is_causal is False or getattr(module, "is_causal", True) is False:
+    if not (getattr(module, "is_causal", True) if is_causal is None else is_causal):  # as transformers' SDPA reads it
         raise refusal(NAME, module, "a non-causal (bidirectional) attention layer",
                       "shared-prefix attention is causal along each tree path; pack these sequences without sharing")
     if not shared_prefix.positions_match(position_ids):
