@@ -1,0 +1,428 @@
+"""The model zoo: tiny random-init decoder-only HF models, fp64 end to end, and every CPU packing path packkit
+offers run on them against per-sample references (tests/test_model_zoo.py, tools/model_zoo_table.py).
+
+A case is **exact** (log-probs rel <= 1e-10, parameter gradients rel <= 1e-9), **refused** (a ValueError: the
+message names what cannot be exact) or a **mismatch** (silently wrong: the suite fails). Any other exception
+propagates.
+
+fp64 end to end: transformers computes norms, rotary tables, routers and the eager softmax in fp32 even in an
+fp64 model, which caps agreement at ~1e-7 (REFERENCE §12, §15). :func:`fp64_everywhere` recompiles those
+functions of the model's own modeling module with fp32 replaced by fp64 (the source is the model's, only the
+dtype changes). The reference runs each sample alone with SDPA, or, for models transformers runs without SDPA
+(softcap, sinks: Gemma 2, GPT-OSS), with the model's own eager attention, now fp64.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import re
+import sys
+import textwrap
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+REL_LOGP, REL_GRAD = 1e-10, 1e-9
+VOCAB, WINDOW, CHUNK = 128, 5, 4
+
+# The architectures the suite runs (model_type of transformers' causal-LM auto mapping), and what each tiny
+# config needs beyond the common one. Windows (5) and chunks (4) are shorter than the documents (up to 13).
+SLIDING_FULL = ["sliding_attention", "full_attention"]
+ARCHITECTURES = {
+    "llama": {},
+    "mistral": dict(sliding_window=WINDOW),
+    "mixtral": dict(sliding_window=WINDOW, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, layer_types=SLIDING_FULL),
+    "qwen2_moe": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, layer_types=SLIDING_FULL,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=32, decoder_sparse_step=1),
+    "qwen3": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, layer_types=SLIDING_FULL),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1),
+    "gemma": {},
+    "gemma2": dict(sliding_window=WINDOW, layer_types=SLIDING_FULL, attn_logit_softcapping=2.0,
+                   final_logit_softcapping=5.0, query_pre_attn_scalar=16),
+    "gemma3_text": dict(sliding_window=WINDOW, layer_types=SLIDING_FULL, query_pre_attn_scalar=16),
+    "phi3": dict(sliding_window=WINDOW),
+    "olmo2": {},
+    "granite": {},
+    "cohere2": dict(sliding_window=WINDOW, layer_types=SLIDING_FULL),
+    "glm4": {},
+    "smollm3": {},
+    "gpt_oss": dict(sliding_window=WINDOW, layer_types=SLIDING_FULL, num_local_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": dict(kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                        first_k_dense_replace=1, n_group=1, topk_group=1, head_dim=8, num_key_value_heads=4),
+    "llama4_text": dict(attention_chunk_size=CHUNK, layer_types=["chunked_attention", "full_attention"],
+                        no_rope_layers=[1, 0], num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=64,
+                        interleave_moe_layer_step=1),
+    "starcoder2": dict(sliding_window=WINDOW),
+    "ministral": dict(sliding_window=WINDOW, layer_types=["sliding_attention", "sliding_attention"]),
+    # Windows longer than every document and tree path: the shared-prefix paths run, and softcap / sinks count.
+    "gemma2 (window 64)": dict(model_type="gemma2", sliding_window=64, layer_types=SLIDING_FULL,
+                               attn_logit_softcapping=2.0, final_logit_softcapping=5.0, query_pre_attn_scalar=16),
+    "gpt_oss (window 64)": dict(model_type="gpt_oss", sliding_window=64, layer_types=SLIDING_FULL,
+                                num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_5_text": dict(layer_types=["linear_attention", "full_attention"], linear_key_head_dim=8,
+                         linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2),
+}
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, use_cache=False,
+              tie_word_embeddings=False, attention_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+# path -> (column title, gradients checked). FlexAttention has no backward on the CPU (torch raises).
+PATHS = {
+    "sft": ("SFT `PackingCollator`, position_ids (sdpa)", True),
+    "sft_flex": ("SFT `return_block_mask=True, model_config=`, flex", False),
+    "sft_flex_plain": ("SFT `return_block_mask=True` (no config), flex", False),
+    "groups_varlen": ("`pack_groups` varlen", True),
+    "groups_flex": ("`pack_groups` flex", False),
+    "groups_dense": ("`pack_groups` dense", True),
+    "tree_varlen": ("`pack_tree` varlen", True),
+    "tree_flex": ("`pack_tree` flex", False),
+    "tree_dense": ("`pack_tree` dense", True),
+}
+
+
+# -- fp64 end to end --------------------------------------------------------------------------------------
+_FP32 = re.compile(r"torch\.float32\b|torch\.float\b(?!\d)")
+
+
+def _fp64_source(function, owner: Optional[type] = None) -> Optional[str]:
+    if getattr(function, "_zoo_fp64", False):  # already recompiled (another model of the session shares it)
+        return None
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError):
+        return None
+    if not (_FP32.search(source) or ".float()" in source) or ("super()" in source and owner is None):
+        return None
+    if owner is not None:  # a recompiled method has no __class__ cell: name the class (module level) instead
+        source = source.replace("super()", f"super({owner.__name__}, self)")
+    return _FP32.sub("torch.float64", source).replace(".float()", ".double()")
+
+
+def _recompiled(function, owner: Optional[type] = None):
+    """``function`` compiled again from its source with fp32 replaced by fp64, in its own module's globals."""
+    source = _fp64_source(function, owner)
+    if source is None:
+        return None
+    module = sys.modules[function.__module__]
+    namespace = {}
+    exec(compile(source, f"<fp64 {function.__qualname__}>", "exec"), module.__dict__, namespace)
+    (recompiled,) = namespace.values()
+    recompiled._zoo_fp64 = True
+    return recompiled
+
+
+def fp64_everywhere(model, monkeypatch) -> None:
+    """Make every fp32 cast of ``model``'s own classes (norms, rotary, routers) and of its modeling module's
+    module functions (``eager_attention_forward``, rotary helpers) an fp64 one (``monkeypatch``: a pytest MonkeyPatch, undone by its owner)."""
+    classes = {type(m) for m in model.modules() if type(m).__module__.startswith("transformers.models.")}
+    for cls in classes:
+        function = inspect.unwrap(cls.forward) if "forward" in vars(cls) else None
+        if function is not None and _fp64_source(function, cls) is not None:
+            monkeypatch.setattr(cls, "forward", _recompiled(cls.forward, cls))
+    for name in {c.__module__ for c in classes}:  # module functions: eager attention, rotary helpers
+        module = sys.modules[name]
+        for attr, function in list(vars(module).items()):
+            if inspect.isfunction(function) and function.__module__ == name and _fp64_source(function) is not None:
+                monkeypatch.setattr(module, attr, _recompiled(function))
+
+
+def eager_flex_attention(monkeypatch) -> None:
+    """transformers compiles flex_attention (inductor, minutes on this CPU); its eager form computes the same
+    mask and score_mod exactly (dense math): the zoo checks masks and arguments, not the kernel."""
+    from torch.nn.attention.flex_attention import flex_attention
+    from transformers.integrations import flex_attention as hf_flex
+
+    monkeypatch.setattr(hf_flex, "compile_friendly_flex_attention",
+                        lambda q, k, v, training=False, **kw: flex_attention(q, k, v, **kw))
+
+
+_SESSION = []  # the MonkeyPatch of the open zoo_session()
+
+
+@contextlib.contextmanager
+def zoo_session():
+    """fp64 patches and eager flex for the zoo's models; everything undone (and the model caches emptied) after."""
+    import pytest
+
+    patch = pytest.MonkeyPatch()
+    _SESSION.append(patch)
+    eager_flex_attention(patch)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: threads only add contention
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        _SESSION.remove(patch)
+        patch.undo()
+        tiny_model.cache_clear()
+        reference.cache_clear()
+
+
+# -- models ---------------------------------------------------------------------------------------------------
+# Cells where transformers itself, not packkit, is silently wrong (the suite checks they still are, so a fixed
+# transformers shows up): the reason is printed in the table.
+TRANSFORMERS_MISMATCHES = {
+    ("gpt_oss", "sft"): "transformers' GptOssModel builds its masks without position_ids, so the packed "
+                        "documents attend to each other (no packed-sequence detection) on sdpa / eager",
+}
+TRANSFORMERS_MISMATCHES[("gpt_oss (window 64)", "sft")] = TRANSFORMERS_MISMATCHES[("gpt_oss", "sft")]
+
+
+def tiny_config(name: str):
+    """The tiny config of a zoo entry (an ``ARCHITECTURES`` key: a model type, or a variant naming one)."""
+    from transformers import AutoConfig
+
+    spec = dict(ARCHITECTURES[name])
+    model_type = spec.pop("model_type", name)
+    return AutoConfig.for_model(model_type, **{**COMMON, **spec})
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_model(model_type: str):
+    """(model, reference attention) — fp64, eval mode (no dropout), weights from seed 0."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # experts: the per-expert loop (torch's grouped_mm has no fp64 on the CPU)
+        model = AutoModelForCausalLM.from_config(tiny_config(model_type), attn_implementation="eager",
+                                                 experts_implementation="eager")
+    model = model.to(torch.float64).eval()
+    if not _SESSION:
+        raise RuntimeError("build zoo models inside model_zoo.zoo_session()")
+    fp64_everywhere(model, _SESSION[-1])
+    reference = "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+    model.set_attn_implementation(reference)
+    return model, reference
+
+
+# -- data -----------------------------------------------------------------------------------------------------
+def _ids(rng, n):
+    return rng.integers(3, VOCAB, n).tolist()
+
+
+def sft_sequences():
+    rng = np.random.default_rng(0)
+    return [_ids(rng, n) for n in (13, 8, 2, 11)]
+
+
+def groups():
+    """Prompts 7 / 0 / 9 tokens; completions 0-8 tokens (one empty), G = 3, 1, 2."""
+    rng = np.random.default_rng(1)
+    prompts = [_ids(rng, n) for n in (7, 0, 9)]
+    completions = [[_ids(rng, n) for n in sizes] for sizes in ((5, 0, 8), (6,), (4, 7))]
+    return prompts, completions
+
+
+def tree():
+    """Conversations sharing prefixes at several depths, and where scoring starts in each."""
+    rng = np.random.default_rng(2)
+    a, b, c = _ids(rng, 5), _ids(rng, 3), _ids(rng, 4)
+    convs = [a + b + _ids(rng, 3), a + b + _ids(rng, 2), a + c, _ids(rng, 6)]
+    return convs, [8, 8, 5, 0]
+
+
+def _weights(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(n, generator=g, dtype=torch.float64) + 0.5 for n in lengths]
+
+
+# -- one case -------------------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    kind: str  # "exact", "refused" or "mismatch"
+    detail: str = ""
+    logp_rel: float = 0.0
+    grad_rel: float = 0.0
+
+    def cell(self) -> str:
+        if self.kind == "exact":
+            return "exact"
+        if self.kind == "refused":
+            return "refused: " + self.detail.split(". ")[0].split("; ")[0].replace("|", "/").replace("\n", " ")
+        return f"MISMATCH (log-probs {self.logp_rel:.1e}, grads {self.grad_rel:.1e})"
+
+
+def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    diff = float((got - ref).abs().max()) if ref.numel() else 0.0
+    return diff / max(scale, 1e-300) if diff else 0.0
+
+
+def compare(got_logp, ref_logp, got_grads=None, ref_grads=None) -> Outcome:
+    """The suite's one comparison: flat log-prob vectors (and parameter gradients) against the reference."""
+    logp = _rel(got_logp, ref_logp)
+    grad = 0.0
+    if got_grads is not None:
+        for name, ref in ref_grads.items():
+            grad = max(grad, _rel(got_grads[name], ref))
+    kind = "exact" if logp <= REL_LOGP and grad <= REL_GRAD else "mismatch"
+    return Outcome(kind, logp_rel=logp, grad_rel=grad)
+
+
+def _grads(model):
+    return {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+
+
+def _token_logp(logits, ids):
+    return torch.log_softmax(logits[:-1], -1).gather(1, ids[1:, None])[:, 0]
+
+
+def _loss(parts, seed):
+    weights = _weights([len(p) for p in parts], seed)
+    return sum((w * p).sum() for w, p in zip(weights, parts))
+
+
+def _sample_logp(model, seqs, starts):
+    """Per-sample log-probs of tokens starts[i].. of each sequence (each run alone)."""
+    out = []
+    for seq, start in zip(seqs, starts):
+        logits = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0]
+        out.append(_token_logp(logits, torch.tensor(seq))[max(start - 1, 0):])
+    return out
+
+
+def _sp_samples(dataset):
+    if dataset == "groups":
+        prompts, completions = groups()
+        seqs = [p + c for p, cs in zip(prompts, completions) for c in cs]
+        starts = [len(p) for p, cs in zip(prompts, completions) for _ in cs]
+        return seqs, starts
+    return tree()
+
+
+@functools.lru_cache(maxsize=None)
+def reference(model_type: str, dataset: str):
+    """(flat log-probs, gradients of the weighted log-prob sum) with every sample run alone."""
+    model, attn = tiny_model(model_type)
+    model.set_attn_implementation(attn)
+    model.zero_grad(set_to_none=True)
+    if dataset == "sft":
+        seqs = sft_sequences()
+        parts = _sample_logp(model, seqs, [1] * len(seqs))
+    else:
+        parts = _sample_logp(model, *_sp_samples(dataset))
+    _loss(parts, 7).backward()
+    grads = _grads(model)
+    model.zero_grad(set_to_none=True)
+    return torch.cat(parts).detach(), grads
+
+
+def _set_attn(model, name):
+    model.set_attn_implementation(name)
+
+
+def _sft(model, attn, path):
+    import packkit
+
+    seqs = sft_sequences()
+    config = model.config if path == "sft_flex" else None
+    collate = packkit.PackingCollator(return_block_mask=path != "sft", model_config=config)
+    batch = collate([{"input_ids": s} for s in seqs])
+    batch.pop("labels")
+    _set_attn(model, attn if path == "sft" else "flex_attention")
+    logits = model(**batch, use_cache=False).logits[0]
+    cu = batch["cu_seq_lens_q"].tolist()
+    ids = batch["input_ids"][0]
+    return [_token_logp(logits[a:b], ids[a:b]) for a, b in zip(cu, cu[1:])]
+
+
+def _shared_prefix(model, path):
+    from packkit import shared_prefix as sp
+
+    dataset, attention = path.split("_")
+    _set_attn(model, sp.register_attention())
+    if dataset == "groups":
+        batch, info = sp.pack_groups(*groups(), attention=attention)
+    else:
+        convs, score_from = tree()
+        batch, info = sp.pack_tree(convs, score_from=score_from, attention=attention)
+    logits = model(**batch, use_cache=False).logits
+    result = sp.completion_logprobs(logits, info)
+    seqs, starts = _sp_samples(dataset)
+    parts = []
+    for s, (seq, start) in enumerate(zip(seqs, starts)):
+        n = len(seq) - max(start, 1)
+        if not bool(result.mask[s, len(seq) - start - n:len(seq) - start].all()):
+            raise AssertionError(f"completion_logprobs masks a scored token of sample {s}")
+        parts.append(result.padded[s, len(seq) - start - n:len(seq) - start])
+    return parts
+
+
+def run_case(model_type: str, path: str) -> Outcome:
+    """One architecture x path: exact, refused (ValueError) or mismatch."""
+    model, attn = tiny_model(model_type)
+    grads = PATHS[path][1]
+    ref_logp, ref_grads = reference(model_type, "sft" if path.startswith("sft") else path.split("_")[0])
+    model.zero_grad(set_to_none=True)
+    try:
+        with torch.set_grad_enabled(grads), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parts = _sft(model, attn, path) if path.startswith("sft") else _shared_prefix(model, path)
+            if grads:
+                _loss(parts, 7).backward()
+    except ValueError as exc:
+        return Outcome("refused", str(exc))
+    finally:
+        model.set_attn_implementation(attn)
+    got = torch.cat(parts).detach()
+    outcome = compare(got, ref_logp, _grads(model) if grads else None, ref_grads)
+    model.zero_grad(set_to_none=True)
+    return outcome
+
+
+# -- the table (docs/reliability.md) ----------------------------------------------------------------------------
+BEGIN, END = "<!-- model-zoo-table: begin (tools/model_zoo_table.py) -->", "<!-- model-zoo-table: end -->"
+
+
+def _reason(outcome: Outcome, name: str) -> str:
+    """The refusal's first sentence, with the model and the sizes generic (one legend entry per kind)."""
+    text = " ".join(outcome.detail.split()).split(". ")[0].split("; ")[0].replace("|", "/").rstrip(".")
+    model_type = ARCHITECTURES[name].get("model_type", name)
+    text = re.sub(rf"\b{re.escape(model_type)}\b", "<model>", text)
+    return re.sub(r"\b\d+\b", "N", text)
+
+
+def render_table(results: dict) -> str:
+    """Markdown: architecture x path -> exact / refused (n) / MISMATCH, and the numbered refusal reasons."""
+    import transformers
+
+    reasons, lines = [], []
+    lines.append(f"transformers {transformers.__version__}, torch {torch.__version__.split('+')[0]}; fp64, "
+                 "log-probs rel <= 1e-10 and (where marked *) parameter gradients rel <= 1e-9 against each "
+                 "sample run alone.")
+    lines.append("")
+    head = ["architecture"] + [title + (" *" if grads else "") for title, grads in PATHS.values()]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for name in ARCHITECTURES:
+        row = [name]
+        for path in PATHS:
+            outcome = results[(name, path)]
+            if outcome.kind == "exact":
+                row.append("exact")
+                continue
+            text = _reason(outcome, name) if outcome.kind == "refused" else TRANSFORMERS_MISMATCHES.get(
+                (name, path), "silent mismatch: not refused, and log-probs / gradients differ from per-sample")
+            if text not in reasons:
+                reasons.append(text)
+            kind = "refused" if outcome.kind == "refused" else "**MISMATCH**"
+            row.append(f"{kind} ({reasons.index(text) + 1})")
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines += [f"{i}. {text}" for i, text in enumerate(reasons, 1)]
+    return "\n".join(lines)
+
+
+def table_in(document: str) -> str:
+    start, end = document.index(BEGIN) + len(BEGIN), document.index(END)
+    return document[start:end].strip("\n")
