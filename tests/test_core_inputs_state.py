@@ -145,6 +145,17 @@ def test_static_shapes_within_the_padding_limit_still_work():
      "return_info"),
     (lambda: PackedIterableDataset(EXAMPLES, 32, pad_token_id=-1), ValueError, "pad_token_id"),
     (lambda: PackedIterableDataset(EXAMPLES, 32, mask_first_label="no"), TypeError, "mask_first_label"),
+    # values a cast would silently change (they raised a RuntimeError from the C++ op, or were truncated)
+    (lambda: pack_sequences([torch.tensor([1, 2], dtype=torch.int32)], capacity=4, layout="padded",
+                            pad_token_id=2**40), ValueError, "pad_token_id=1099511627776 cannot be stored"),
+    (lambda: pack_sequences([[1, 2]], capacity=4, layout="padded", fields={"m": [[1, 1]]}, pad_values={"m": 1.5}),
+     ValueError, "pad_values\\['m'\\]=1.5"),
+    (lambda: packkit.pack_context_parallel([[1, 2, 3]], 2, 0, fields={"m": [[1, 1, 1]]}, pad_values={"m": 1.5}),
+     ValueError, "pad_values\\['m'\\]=1.5"),
+    (lambda: PackingCollator(separator_id=2**40)([{"input_ids": torch.tensor([1, 2], dtype=torch.int32)}]),
+     ValueError, "separator_id=1099511627776"),
+    (lambda: packkit.shard_context_parallel({**pack_sequences([[1, 2, 3]]), "position_ids": torch.ones(1, 3) / 2}, 2,
+                                            0), TypeError, "position_ids"),
 ])
 def test_bad_arguments_raise_the_right_type(call, error, match):
     with pytest.raises(error, match=match):

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..packing.checks import as_device, check_bool, check_pack_scalars, check_separator
+from ..packing.checks import as_device, check_bool, check_fill, check_pack_scalars, check_separator
 from ..packing.fields import check_pad_values, prepare_fields
 from ..packing.sequences import _backend_for, check_layout, plan_layout, source_tokens
 from ..packing.tensors import host_tensor, to_device
@@ -127,6 +127,10 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
     cup_dev = to_device(host_tensor(fused.cup.astype(np.int32)), device) if zigzag else cu_dev
     seg_src_dev = to_device(host_tensor(fused.seg_src), device)
     first = separator_id if separator_id is not None else (ignore_index if mask_first_label else None)
+    for name, value, dtype in (("pad_token_id", pad_token_id, ids.dtype), ("ignore_index", ignore_index, lab.dtype),
+                               ("separator_id", first, lab.dtype)):
+        if value is not None:
+            check_fill(value, dtype, name)
     outs = _cp_op(which)(ids, lab, None, cu_dev, cup_dev, cp_size, cp_rank, zigzag, fused.local_len,
                          int(pad_token_id), int(ignore_index), seg_src_dev, int(position_ids_start),
                          None if first is None else int(first))
@@ -134,6 +138,7 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
     if token_fields:
         src, cp_pad = fused.source_index(cp_size, cp_rank, zigzag)
         for name, flat in token_fields.items():
+            check_fill(pads.get(name, 0), flat.dtype, f"pad_values[{name!r}]")  # as pack_sequences: no silent cast
             out[name] = _gather_token_field(flat, src, cp_pad, pads.get(name, 0), device)
     if not return_info:
         return out

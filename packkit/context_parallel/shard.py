@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..packing import ops
-from ..packing.checks import check_bool, check_int, integer_tokens
+from ..packing.checks import check_bool, check_fill, check_int, integer_tokens
 from ..packing.sequences import PackInfo, _backend_for
 from ..packing.tensors import host_tensor, to_device
 from ..planning.planner import as_lengths
@@ -291,6 +291,9 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
     if pos.numel() != num_tokens:
         raise ValueError(f"position_ids has shape {tuple(pos.shape)}; context parallelism needs one position per "
                          f"token (mRoPE position_ids are not supported)")
+    integer_tokens(pos, "batch['position_ids']")  # float positions would be truncated by the int64 cast
+    check_fill(pad_token_id, ids.dtype, "pad_token_id")
+    check_fill(ignore_index, labels.dtype, "ignore_index")
     cu = _host_cu(batch, lengths, pack_info)
     if len(cu) < 2 and num_tokens:
         raise ValueError("cu_seq_lens must have at least one segment")

@@ -100,6 +100,22 @@ def check_token_ids(flat: torch.Tensor, name: str, lengths: Optional[np.ndarray]
                          f"token ids index the embedding and must be >= 0")
 
 
+def check_fill(value, dtype: torch.dtype, name: str) -> None:
+    """ValueError unless ``value`` (a padding / ignore / separator value) is exactly representable in ``dtype``:
+    an int32 batch cannot hold pad_token_id=2**40, an integer field not 1.5 (a cast would silently change it)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return
+    if dtype == torch.bool:
+        low, high = 0, 1
+    else:
+        info = torch.iinfo(dtype)
+        low, high = info.min, info.max
+    v = float(value)
+    if not (v == v and abs(v) != float("inf") and v == int(v) and low <= int(value) <= high):
+        raise ValueError(f"{name}={value!r} cannot be stored in the batch's {dtype} tensor (allowed: integers in "
+                         f"[{low}, {high}])")
+
+
 def check_padding(out_tokens: int, real_tokens: int, what: str) -> None:
     """ValueError when a call would allocate far more padding than it has tokens (see MAX_PADDING_TOKENS)."""
     padding = out_tokens - real_tokens

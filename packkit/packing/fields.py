@@ -27,6 +27,7 @@ import torch
 
 from .multimodal import mrope_spec, pack_multimodal
 from .multimodal.mrope import token_types
+from .checks import check_fill
 from .tensors import describe, first_dim, to_device, to_tensor
 
 EXTRA_FIELD_POLICIES = ("error", "drop", "keep")
@@ -169,6 +170,7 @@ def pack_token_fields(token: dict, pad_values: dict, info, op) -> dict:
     shape = info.layout
     out = {}
     for name, flat in token.items():
+        check_fill(pad_values.get(name, 0), flat.dtype, f"pad_values[{name!r}]")
         src = to_device(flat.contiguous(), info.cu_seqlens.device)
         packed = op(src, info.src_offsets, info.seg_seq, info.seg_start, info.cu_seqlens, info.cu_seg,
                     shape.num_rows, shape.row_len, shape.flat, float(pad_values.get(name, 0)))

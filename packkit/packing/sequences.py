@@ -17,7 +17,7 @@ import torch
 from ..planning.planner import Plan, Segments, as_lengths, plan as make_plan
 from .ops import has_cuda_kernels
 from .buffers import PackBuffers
-from .checks import (as_device, check_bool, check_pack_scalars, check_padding, check_plan_covers,
+from .checks import (as_device, check_bool, check_fill, check_pack_scalars, check_padding, check_plan_covers,
                      check_token_ids, integer_tokens)
 from .fields import pack_fields, prepare_fields
 from .multimodal.mrope import check_mrope_start
@@ -305,6 +305,8 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     if flat_labels is not None:
         flat_labels = to_device(flat_labels.contiguous(), device)
 
+    check_fill(pad_token_id, flat_ids.dtype, "pad_token_id")
+    check_fill(ignore_index, flat_ids.dtype if flat_labels is None else flat_labels.dtype, "ignore_index")
     pack_batch = _op("pack_batch", which) if out is None else out.packer(_op("pack_batch_out", which))
     ids, lab, pos, seq_idx, cu = pack_batch(
         flat_ids, flat_labels, src_offsets, seg_seq, seg_start, seg_length, bin_offsets, shape.num_rows,

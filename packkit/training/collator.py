@@ -16,7 +16,7 @@ import torch
 
 from ..context_parallel import cp_plan_multiple, pack_context_parallel, parse_context_parallel, shard_context_parallel
 from ..context_parallel.shard import CP_OUTPUT_KEYS, check_cp_capacity
-from ..packing.checks import as_device, check_bool, check_pack_scalars, check_separator, integer_tokens
+from ..packing.checks import as_device, check_bool, check_fill, check_pack_scalars, check_separator, integer_tokens
 from ..packing.buffers import PackBuffers
 from ..packing.fields import check_pad_values, check_policy, prepare_fields
 from ..packing.multimodal import mrope_spec
@@ -298,6 +298,7 @@ class PackingCollator:
                 bin_of = np.repeat(np.arange(len(seg.bin_offsets) - 1), np.diff(seg.bin_offsets))
                 starts = bin_of * info.layout.row_len + cumulative[:-1] - cumulative[seg.bin_offsets[:-1]][bin_of]
         labels = batch["labels"].view(-1)
+        check_fill(self.separator_id, labels.dtype, "separator_id")
         labels[torch.from_numpy(starts).to(labels.device, non_blocking=True)] = self.separator_id
 
 
