@@ -246,3 +246,17 @@ def test_control_a_dropped_softcap_or_sink_differs():
     for softcap, sink in ((None, sinks()), (0.8, None)):
         out = two_pass_attention(flat(q), flat(k), flat(v), passes, 1.7, softcap, sink)
         assert not torch.allclose(out.reshape(1, 7, 2, 4).transpose(1, 2), ref, atol=1e-3)
+
+
+def test_two_pass_softcap_and_sinks_fp32():
+    """fp32 runs the same math with fp32 accumulation (the CPU flash kernels take no soft-cap)."""
+    forest = sp.groups_forest([[1, 2, 3, 4]], [[[5, 6, 7], [8], [9, 10]]])
+    layout = tree_layout(forest, [forest.roots()], 10)
+    mask = dense_tree_mask(torch.tensor([[10, 10, 10, 10, 7, 7, 7, 8, 10, 10]], dtype=torch.int32))
+    q, k, v = qkv(1, 10)
+    sink = sinks()
+    ref = capped_sink_reference(q, k, v, mask, 1.7, 0.8, sink)
+    out = two_pass_attention(*(flat(t).float() for t in (q, k, v)), varlen_passes(layout, torch.device("cpu")), 1.7,
+                             0.8, sink.float())
+    assert out.dtype == torch.float32
+    assert torch.allclose(out.double().reshape(1, 10, 2, 4).transpose(1, 2), ref, rtol=0, atol=1e-5)

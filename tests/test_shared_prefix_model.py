@@ -191,7 +191,8 @@ def test_control_siblings_seeing_each_other_fail():
             root_end = int(lay.end[p - 1]) if lay.depth[p - 1] == 0 else int(lay.end[np.flatnonzero(
                 (lay.depth[:p] == 0))[-1]])
             leaky[0, lay.dst[p]:lay.dst[p] + lay.length[p]] = root_end
-    bad = sp.SharedPrefixAttention(lay, leaky, attn.cu_seqlens, attn.node_idx, "dense", position_ids=batch["position_ids"])
+    bad = sp.SharedPrefixAttention(lay, leaky, attn.cu_seqlens, attn.node_idx, "dense",
+                                   position_ids=batch["position_ids"])
     logits = model(**{**batch, "shared_prefix": bad}, use_cache=False).logits
     assert worst(sp.completion_logprobs(logits, info), reference) > 1e-4
 
