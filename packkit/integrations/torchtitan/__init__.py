@@ -1,0 +1,20 @@
+"""torchtitan 0.3 drop-in: a dataloader of best-fit packed rows (no document cut at row ends), every step
+balanced across the data-parallel ranks, resumable exactly per rank.
+
+* :class:`BalancedDocumentStream` (``stream.py``, no torchtitan import): the stream of ``({"input",
+  "positions"}, labels)`` batches.
+* :class:`PackkitDataLoader` and :func:`torchtitan_cost` (``loader.py``): torchtitan's ``BaseDataLoader``
+  config/loader and the balance cost of a torchtitan model config; these import torchtitan on first use
+  (``pip install 'packkit[torchtitan]'``).
+"""
+from .stream import BalancedDocumentStream
+
+__all__ = ["BalancedDocumentStream", "PackkitDataLoader", "torchtitan_cost"]
+
+
+def __getattr__(name):
+    if name in ("PackkitDataLoader", "torchtitan_cost"):
+        from . import loader
+
+        return getattr(loader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

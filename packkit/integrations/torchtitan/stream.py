@@ -1,0 +1,285 @@
+"""The document stream behind packkit's torchtitan dataloader: whole documents, planned by best fit into rows of
+``seq_len`` tokens, with every data-parallel step balanced across the dp ranks, resumable exactly.
+
+torchtitan's own dataset concatenates tokens and cuts every ``seq_len``: documents are split at row ends and
+nothing balances the ranks. Here every dp rank reads the same source in the same order and plans the same
+buffer (``packkit.plan(..., algorithm="ogbfd", dp_size=dp_world_size * local_batch_size, cost=cost)``), so the
+ranks agree on every step with no communication; rank r keeps bins ``r*B .. r*B+B-1`` of each step. A document
+of ``n`` tokens is torchtitan's ``n - 1`` input/label pairs (inputs ``t[:-1]``, labels ``t[1:]``, positions
+restarting at 0), so its last token never predicts the next document's first.
+
+Resume: the state is where the current buffer began (source position), the pieces carried into it (source
+positions, not tokens) and how many of its steps were yielded; the buffer is rebuilt and replanned (the
+planner is deterministic) and the yielded steps skipped, so the stream after a resume is the stream without one.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from ...packing.checks import check_bool, check_int
+from ...planning.planner import plan as make_plan
+
+OVERLONG = ("split", "drop", "error")
+STATE_VERSION = 1
+_STAT_KEYS = ("documents", "pieces", "split", "dropped", "zero_length", "steps", "rows", "tokens")
+
+
+def _tokens_of(example, position: int, tokenizer, input_key: str, text_key: str) -> np.ndarray:
+    """An example's token ids: a token sequence, a dict with ``input_key`` ids, or text (a str, or a dict with
+    ``text_key``) encoded by torchtitan's tokenizer with BOS and EOS, as its own dataset does."""
+    text = None
+    if isinstance(example, str):
+        text = example
+    elif isinstance(example, dict):
+        if input_key in example:
+            example = example[input_key]
+        elif text_key in example:
+            text = example[text_key]
+        else:
+            raise ValueError(f"example at source position {position} has neither {input_key!r} nor {text_key!r} "
+                             f"(keys: {sorted(example)[:8]})")
+    if text is not None:
+        if tokenizer is None:
+            raise ValueError(f"example at source position {position} is text but no tokenizer was given")
+        example = tokenizer.encode(text, add_bos=True, add_eos=True)
+    if isinstance(example, torch.Tensor):
+        if example.dtype.is_floating_point or example.dtype == torch.bool or example.dim() != 1:
+            raise TypeError(f"example at source position {position}: token ids must be a 1-D integer tensor, got "
+                            f"{example.dtype} of shape {tuple(example.shape)}")
+        return example.to("cpu", torch.int64).numpy()
+    arr = np.asarray(example)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise TypeError(f"example at source position {position}: token ids must be a 1-D sequence of ints, got "
+                        f"{arr.dtype} of shape {arr.shape}")
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"example at source position {position} has a negative token id ({int(arr.min())})")
+    return arr.astype(np.int64, copy=False)
+
+
+class BalancedDocumentStream(torch.utils.data.IterableDataset):
+    """Yields torchtitan batches ``({"input": [B, L], "positions": [B, L]}, labels [B, L])`` for one dp rank.
+
+    Args:
+        source: the documents: a re-iterable (list, ``datasets.Dataset``/``IterableDataset``) or a zero-argument
+            callable returning a fresh iterable, of token sequences, dicts with ``input_key`` ids, or text
+            (str / dicts with ``text_key``; needs ``tokenizer``). Indexable sources are read by index on resume.
+        seq_len, local_batch_size: tokens per row (L) and rows per rank per step (B).
+        dp_rank, dp_world_size: this rank and the number of data-parallel ranks (all read the whole source).
+        buffer_size: documents (pieces) planned together.
+        cost: the balance cost, as ``packkit.plan(cost=)``: ``"tokens"``, ``"attention"`` or ``(a, b)`` for
+            ``a*l + b*l**2`` (:func:`packkit.integrations.torchtitan.torchtitan_cost` of the model's config).
+        overlong: a document with more than ``seq_len`` input tokens is ``"split"`` into ``seq_len`` pieces
+            (positions restart per piece, as torchtitan wraps them), ``"drop"``-ped, or an ``"error"``.
+        infinite: loop over the source (torchtitan's default); each pass ends with its partial last step.
+        carry_threshold, max_carries: a buffer's last step filled below ``carry_threshold`` of its rows is carried
+            into the next buffer (re-planned with its documents) while the source goes on, at most
+            ``max_carries`` times per piece (0: never).
+        pad_token_id, ignore_index: row padding (its own position run from 0, labels ``ignore_index``).
+    """
+
+    def __init__(self, source, *, seq_len: int, local_batch_size: int, dp_rank: int = 0, dp_world_size: int = 1,
+                 tokenizer=None, input_key: str = "input_ids", text_key: str = "text", buffer_size: int = 1024,
+                 cost="tokens", overlong: str = "split", infinite: bool = False, carry_threshold: float = 0.9,
+                 max_carries: int = 4,
+                 pad_token_id: int = 0, ignore_index: int = -100):
+        super().__init__()
+        if isinstance(source, (str, bytes, dict)) or not (callable(source) or hasattr(source, "__iter__")):
+            raise TypeError(f"source must be an iterable of documents or a callable returning one, got "
+                            f"{type(source).__name__}")
+        self.source, self.tokenizer = source, tokenizer
+        self.seq_len = check_int(seq_len, "seq_len", 1)
+        self.local_batch_size = check_int(local_batch_size, "local_batch_size", 1)
+        self.dp_world_size = check_int(dp_world_size, "dp_world_size", 1)
+        self.dp_rank = check_int(dp_rank, "dp_rank", 0)
+        if self.dp_rank >= self.dp_world_size:
+            raise ValueError(f"dp_rank must be in [0, dp_world_size={self.dp_world_size}), got {dp_rank}")
+        self.buffer_size = check_int(buffer_size, "buffer_size", 1)
+        if overlong not in OVERLONG:
+            raise ValueError(f"overlong must be one of {', '.join(OVERLONG)}, got {overlong!r}")
+        self.overlong, self.cost = overlong, cost
+        self.infinite = check_bool(infinite, "infinite")
+        self.max_carries = check_int(max_carries, "max_carries", 0)
+        if isinstance(carry_threshold, bool) or not isinstance(carry_threshold, numbers.Real) \
+                or not 0.0 <= float(carry_threshold) <= 1.0:
+            raise ValueError(f"carry_threshold must be a number in [0, 1], got {carry_threshold!r}")
+        self.carry_threshold = float(carry_threshold)
+        self.pad_token_id = check_int(pad_token_id, "pad_token_id", 0)
+        self.ignore_index = check_int(ignore_index, "ignore_index")
+        if not isinstance(input_key, str) or not isinstance(text_key, str):
+            raise TypeError(f"input_key and text_key must be str, got {input_key!r}, {text_key!r}")
+        self.input_key, self.text_key = input_key, text_key
+        make_plan([1], self.seq_len, algorithm="ogbfd", dp_size=self.dp_world_size * self.local_batch_size,
+                  cost=cost)  # a bad cost fails here, named by the planner, not at the first step
+        self._state = self._fresh_state(0)
+        self.stats = dict.fromkeys(_STAT_KEYS, 0)
+
+    # ------------------------------------------------------------------------------------------ state
+    def _fresh_state(self, epoch: int) -> dict:
+        return {"version": STATE_VERSION, "epoch": epoch, "buffer_start": 0, "carry": [], "steps_done": 0,
+                "dp_rank": self.dp_rank, "dp_world_size": self.dp_world_size, "seq_len": self.seq_len,
+                "local_batch_size": self.local_batch_size}
+
+    def state_dict(self) -> dict:
+        """Plain ints and lists: ``epoch``, ``buffer_start`` (source position the current buffer's new documents
+        start at), ``carry`` (``[position, piece, times carried]`` of the pieces carried into it),
+        ``steps_done`` (its steps already yielded) and the geometry it must be resumed with."""
+        return {k: ([list(c) for c in v] if k == "carry" else v) for k, v in self._state.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at the next ``iter()`` from :meth:`state_dict` (same source, rank, world size, seq_len, B)."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"not a BalancedDocumentStream state (version {STATE_VERSION}): {state!r:.200}")
+        for key in ("dp_rank", "dp_world_size", "seq_len", "local_batch_size"):
+            if state.get(key) != getattr(self, key):
+                raise ValueError(f"the state was saved with {key}={state.get(key)} but this stream has "
+                                 f"{key}={getattr(self, key)}; resume with the same geometry")
+        for key in ("epoch", "buffer_start", "steps_done"):
+            v = state.get(key)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+                raise ValueError(f"state[{key!r}] must be a non-negative int, got {v!r}")
+        carry = state.get("carry")
+        if not isinstance(carry, list) or any(len(c) != 3 or any(isinstance(x, bool) or not isinstance(x, numbers.Integral)
+                                                                 or x < 0 for x in c)
+                                              or c[0] >= state["buffer_start"] for c in carry):
+            raise ValueError("state['carry'] must list [position, piece, times] of positions before buffer_start")
+        self._state = {**state, "carry": [list(c) for c in carry]}
+
+    # ----------------------------------------------------------------------------------------- source
+    def _iterable(self):
+        return self.source() if callable(self.source) and not hasattr(self.source, "__iter__") else self.source
+
+    def _read(self, start: int) -> Iterator:
+        src = self._iterable()
+        if hasattr(src, "__len__") and hasattr(src, "__getitem__") and not isinstance(src, dict):
+            for p in range(start, len(src)):
+                yield p, src[p]
+            return
+        for p, example in enumerate(src):
+            if p >= start:
+                yield p, example
+
+    def _fetch(self, positions) -> dict:
+        """The examples at ``positions`` (all before the buffer start), by index or by one scan."""
+        wanted = set(positions)
+        found = {}
+        if not wanted:
+            return found
+        for p, example in self._read(min(wanted)):
+            if p in wanted:
+                found[p] = example
+                if len(found) == len(wanted):
+                    break
+        if len(found) != len(wanted):
+            raise ValueError(f"the source no longer has the documents at positions {sorted(wanted - set(found))[:8]}"
+                             f" recorded in the state; resume with the same source")
+        return found
+
+    def _pieces(self, position: int, example, count: bool) -> list:
+        """(position, piece, window) of a document: ``window[:-1]`` are the inputs, ``window[1:]`` the labels."""
+        t = _tokens_of(example, position, self.tokenizer, self.input_key, self.text_key)
+        m, L = len(t) - 1, self.seq_len
+        stats = self.stats if count else dict.fromkeys(_STAT_KEYS, 0)
+        stats["documents"] += 1
+        if m < 1:
+            stats["zero_length"] += 1
+            return []
+        if m > L:
+            if self.overlong == "error":
+                raise ValueError(f"document at source position {position} has {m} input tokens, more than "
+                                 f"seq_len={L}; use overlong='split' or 'drop'")
+            if self.overlong == "drop":
+                stats["dropped"] += 1
+                return []
+            stats["split"] += 1
+        pieces = [(position, k, t[a:min(a + L, m) + 1]) for k, a in enumerate(range(0, m, L))]
+        stats["pieces"] += len(pieces)
+        return pieces
+
+    # -------------------------------------------------------------------------------------- iteration
+    def _row(self, pieces) -> tuple:
+        L = self.seq_len
+        ids = np.full(L, self.pad_token_id, np.int64)
+        labels = np.full(L, self.ignore_index, np.int64)
+        pos = np.empty(L, np.int64)
+        at = 0
+        for _, _, w in pieces:
+            n = len(w) - 1
+            ids[at:at + n], labels[at:at + n], pos[at:at + n] = w[:-1], w[1:], np.arange(n)
+            at += n
+        pos[at:] = np.arange(L - at)  # padding: one more "document" from position 0
+        self.stats["tokens"] += at
+        return ids, labels, pos
+
+    def _batch(self, rows) -> tuple:
+        built = [self._row(r) for r in rows]
+        ids, labels, pos = (torch.from_numpy(np.stack([b[i] for b in built])) for i in range(3))
+        return {"input": ids, "positions": pos}, labels
+
+    def __iter__(self):
+        while True:
+            yield from self._epoch_pass()
+            self._state = self._fresh_state(self._state["epoch"] + 1)  # a new iter() starts the next pass
+            if hasattr(self.source, "set_epoch"):
+                self.source.set_epoch(self._state["epoch"])
+            if not self.infinite:
+                return
+
+    def _carried(self, carry) -> list:
+        """``(piece, times carried)`` of a state's carry, re-read from the source."""
+        examples = self._fetch(c[0] for c in carry)
+        out = []
+        for position, piece, age in carry:
+            found = [p for p in self._pieces(position, examples[position], False) if p[1] == piece]
+            if not found:
+                raise ValueError(f"the state carries piece {piece} of the document at position {position}, "
+                                 f"which it does not have; resume with the same source and seq_len")
+            out.append((found[0], age))
+        return out
+
+    def _epoch_pass(self):
+        st = self._state
+        carried = self._carried(st["carry"])
+        per_step = self.dp_world_size * self.local_batch_size
+        lo = self.dp_rank * self.local_batch_size
+        while True:
+            pool, ages = [p for p, _ in carried], [a for _, a in carried]
+            fresh = self._read(st["buffer_start"])
+            next_start, exhausted = st["buffer_start"], False
+            while len(pool) < self.buffer_size:
+                nxt = next(fresh, None)
+                if nxt is None:
+                    exhausted = True
+                    break
+                pieces = self._pieces(*nxt, True)
+                pool += pieces
+                ages += [0] * len(pieces)
+                next_start = nxt[0] + 1
+            if not pool:
+                return
+            lengths = np.fromiter((len(p[2]) - 1 for p in pool), np.int64, len(pool))
+            planned = make_plan(lengths, self.seq_len, algorithm="ogbfd", dp_size=per_step, cost=self.cost)
+            bins = [sorted(b.tolist(), key=lambda i: (pool[i][0], pool[i][1])) for b in planned.bins]
+            steps = [bins[s:s + per_step] for s in range(0, len(bins), per_step)]
+            last = steps[-1]
+            carry = []
+            # An under-filled last step (the planner's leftovers) waits for the next buffer's documents, at most
+            # max_carries times per piece.
+            fill = sum(lengths[i] for b in last for i in b) / (per_step * self.seq_len)
+            if (not exhausted and len(steps) > 1 and fill < self.carry_threshold
+                    and all(ages[i] < self.max_carries for b in last for i in b)):
+                carry = [i for b in steps.pop() for i in b]
+            for s in range(st["steps_done"], len(steps)):
+                st["steps_done"] = s + 1  # set before the yield: a state taken now resumes after this step
+                self.stats["steps"] += 1
+                self.stats["rows"] += self.local_batch_size
+                yield self._batch([[pool[i] for i in b] for b in steps[s][lo:lo + self.local_batch_size]])
+            if exhausted:
+                return
+            carried = [(pool[i], ages[i] + 1) for i in carry]
+            st.update(buffer_start=next_start, carry=[[pool[i][0], pool[i][1], ages[i] + 1] for i in carry],
+                      steps_done=0)
