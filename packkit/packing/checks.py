@@ -94,8 +94,8 @@ def check_token_ids(flat: torch.Tensor, name: str, lengths: Optional[np.ndarray]
     if flat.device.type != "cpu":
         torch._assert_async(flat.min() >= 0, f"{name}: a token id is negative; token ids must be >= 0")
         return
-    bad = flat < 0
-    if bool(bad.any()):
+    if int(flat.min()) < 0:  # one reduction, no temporary; the details only on failure
+        bad = flat < 0
         raise ValueError(f"{name} has a negative token id ({_first_bad(bad, lengths)}: {int(flat[bad][0])}); "
                          f"token ids index the embedding and must be >= 0")
 
