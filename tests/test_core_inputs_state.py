@@ -67,6 +67,8 @@ def test_streaming_state_with_duplicate_or_unread_pieces_is_refused():
         ds.load_state_dict({**state, "ready": state["ready"] + [[[state["next_position"], 0]]]})
     with pytest.raises(ValueError, match="non-negative ints"):
         ds.load_state_dict({**state, "stats": {"items": float("nan")}})
+    with pytest.raises(ValueError, match="must be a list of rows"):
+        ds.load_state_dict({**state, "ready": 5})
     sharded = _state(rank=0, world_size=2)
     with pytest.raises(ValueError, match="not in shard 0 of 2"):
         ds.load_state_dict({**sharded, "ready": [[[1, 0]]]})
@@ -121,6 +123,11 @@ def test_static_shapes_within_the_padding_limit_still_work():
     assert batch["input_ids"].shape == (rows, 2**14)
 
 
+def _unpack_int(pad_value):
+    batch, info = pack_sequences([[1, 2]], return_info=True)
+    return packkit.unpack_sequences(batch["input_ids"], info, pad_value=pad_value)
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda: pack_sequences([torch.tensor([1.0, 2.0])]), TypeError, "integer tensor"),
     (lambda: pack_sequences([torch.tensor([True, False])]), TypeError, "integer tensor"),
@@ -154,6 +161,7 @@ def test_static_shapes_within_the_padding_limit_still_work():
      ValueError, "pad_values\\['m'\\]=1.5"),
     (lambda: PackingCollator(separator_id=2**40)([{"input_ids": torch.tensor([1, 2], dtype=torch.int32)}]),
      ValueError, "separator_id=1099511627776"),
+    (lambda: _unpack_int(1.5), ValueError, "pad_value=1.5 cannot be stored"),
     (lambda: packkit.shard_context_parallel({**pack_sequences([[1, 2, 3]]), "position_ids": torch.ones(1, 3) / 2}, 2,
                                             0), TypeError, "position_ids"),
 ])

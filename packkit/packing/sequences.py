@@ -354,6 +354,7 @@ def unpack_sequences(packed: torch.Tensor, info: PackInfo, *, padded: bool = Fal
     if tuple(packed.shape[:len(expect)]) != expect:
         raise ValueError(f"packed must start with the batch's token shape {expect}, got {tuple(packed.shape)}")
     which = _backend_for(packed.device, backend)
+    check_fill(pad_value, packed.dtype, "pad_value")
     if packed.device != info.cu_seqlens.device:
         raise ValueError(f"packed is on {packed.device} but the batch was packed on {info.cu_seqlens.device}")
     if padded:

@@ -57,7 +57,7 @@ def checked_state(state, capacity: int, overlong: str, pad_to_multiple_of: int =
         raise ValueError(f"state was saved with documents padded to multiples of {saved_multiple!r} (context_parallel)"
                          f" but this dataset pads to {pad_to_multiple_of}: its planned rows would not fit")
     if state["capacity"] != capacity or state["overlong"] != overlong:
-        raise ValueError(f"state was saved with capacity={state['capacity']}, overlong={state['overlong']!r} "
+        raise ValueError(f"state was saved with capacity={state['capacity']!r}, overlong={state['overlong']!r} "
                          f"but this dataset has capacity={capacity}, overlong={overlong!r}")
 
     def piece(p, size=2):
@@ -75,6 +75,11 @@ def checked_state(state, capacity: int, overlong: str, pad_to_multiple_of: int =
         clean[key] = int(value)
     if not clean["shard"] < clean["num_shards"]:
         raise ValueError(f"state shard {clean['shard']} is not below num_shards {clean['num_shards']}")
+    for key in ("carry", "ready"):
+        if not isinstance(clean[key], (list, tuple)) or (key == "ready" and not all(
+                isinstance(row, (list, tuple)) for row in clean[key])):
+            raise ValueError(f"state[{key!r}] must be a list of {'pieces' if key == 'carry' else 'rows of pieces'}, "
+                             f"got {clean[key]!r:.80}")
     clean["carry"] = [piece(p, 3) for p in clean["carry"]]
     clean["ready"] = [[piece(p) for p in row] for row in clean["ready"]]
     if any(not row for row in clean["ready"]):
