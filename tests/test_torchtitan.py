@@ -138,6 +138,12 @@ def test_resume_with_other_geometry_is_refused():
     other = BalancedDocumentStream(docs, seq_len=16, local_batch_size=2, dp_rank=0, dp_world_size=2)
     with pytest.raises(ValueError, match="dp_world_size=1 but this stream has dp_world_size=2"):
         other.load_state_dict(s.state_dict())
+    replanned = BalancedDocumentStream(docs, seq_len=16, local_batch_size=2, buffer_size=7)
+    with pytest.raises(ValueError, match="a resume replans the current buffer"):
+        replanned.load_state_dict(s.state_dict())
+    with pytest.raises(ValueError, match="a resume replans the current buffer"):
+        BalancedDocumentStream(docs, seq_len=16, local_batch_size=2, cost=lambda x: x ** 3).load_state_dict(
+            s.state_dict())
     with pytest.raises(ValueError, match="steps_done"):
         s.load_state_dict({**s.state_dict(), "steps_done": -1})
     with pytest.raises(ValueError, match="carry"):
@@ -293,3 +299,22 @@ def test_two_dp_ranks_on_gloo(tmp_path):
     assert got == collections.Counter(tuple(d) for d in result["docs"])
     costs = np.array(costs)
     assert costs.max(1).sum() / costs.mean(1).sum() < 1.03
+
+
+class CharTokenizer:
+    """torchtitan's BaseTokenizer.encode(text, add_bos=, add_eos=) on characters (BOS 1, EOS 2)."""
+
+    def encode(self, text, add_bos=True, add_eos=True):
+        return [1] * add_bos + [3 + ord(c) % 500 for c in text] + [2] * add_eos
+
+
+def test_config_reads_a_saved_hf_dataset_of_text(tmp_path):
+    loader_mod = titan("packkit.integrations.torchtitan.loader")
+    datasets = pytest.importorskip("datasets")
+    texts = [f"document {i} " + "x" * (i % 23) for i in range(80)]
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "ds"))
+    config = loader_mod.PackkitDataLoader.Config(dataset_path=str(tmp_path / "ds"), infinite=False, buffer_size=32)
+    loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=CharTokenizer(), seq_len=64, local_batch_size=2,
+                          snapshot_every_n_steps=1)
+    got = collections.Counter(d for row in rows_of(loader) for d in documents_in(row))
+    assert got == collections.Counter(tuple(CharTokenizer().encode(t)) for t in texts)

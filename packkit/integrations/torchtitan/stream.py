@@ -22,7 +22,9 @@ import torch
 import torch.utils.data
 
 from ...packing.checks import check_bool, check_int
+from ...planning.cost_model import transformer_cost
 from ...planning.planner import plan as make_plan
+from ...training.sampler.args import cost_tag
 
 OVERLONG = ("split", "drop", "error")
 STATE_VERSION = 1
@@ -101,7 +103,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         self.buffer_size = check_int(buffer_size, "buffer_size", 1)
         if overlong not in OVERLONG:
             raise ValueError(f"overlong must be one of {', '.join(OVERLONG)}, got {overlong!r}")
-        self.overlong, self.cost = overlong, cost
+        self.overlong = overlong
         self.infinite = check_bool(infinite, "infinite")
         self.max_carries = check_int(max_carries, "max_carries", 0)
         if isinstance(carry_threshold, bool) or not isinstance(carry_threshold, numbers.Real) \
@@ -113,22 +115,30 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         if not isinstance(input_key, str) or not isinstance(text_key, str):
             raise TypeError(f"input_key and text_key must be str, got {input_key!r}, {text_key!r}")
         self.input_key, self.text_key = input_key, text_key
+        if not (isinstance(cost, (str, tuple, list)) or callable(cost)):
+            cost = transformer_cost(cost)  # a transformers config: its (a, b), so the state can name it
+        self.cost = cost
         make_plan([1], self.seq_len, algorithm="ogbfd", dp_size=self.dp_world_size * self.local_batch_size,
                   cost=cost)  # a bad cost fails here, named by the planner, not at the first step
+        # What the plans depend on besides the geometry: a resume replans its buffer, so these must match.
+        self._plan_key = {"buffer_size": self.buffer_size, "overlong": self.overlong,
+                          "cost": cost_tag(cost, np.arange(1, self.seq_len + 1)),
+                          "carry_threshold": self.carry_threshold, "max_carries": self.max_carries}
         self._state = self._fresh_state(0)
-        self.stats = dict.fromkeys(_STAT_KEYS, 0)
+        self.stats = dict.fromkeys(_STAT_KEYS, 0)  # of this process (not restored by a resume)
 
     # ------------------------------------------------------------------------------------------ state
     def _fresh_state(self, epoch: int) -> dict:
         return {"version": STATE_VERSION, "epoch": epoch, "buffer_start": 0, "carry": [], "steps_done": 0,
                 "dp_rank": self.dp_rank, "dp_world_size": self.dp_world_size, "seq_len": self.seq_len,
-                "local_batch_size": self.local_batch_size}
+                "local_batch_size": self.local_batch_size, "plan": dict(self._plan_key)}
 
     def state_dict(self) -> dict:
         """Plain ints and lists: ``epoch``, ``buffer_start`` (source position the current buffer's new documents
         start at), ``carry`` (``[position, piece, times carried]`` of the pieces carried into it),
         ``steps_done`` (its steps already yielded) and the geometry it must be resumed with."""
-        return {k: ([list(c) for c in v] if k == "carry" else v) for k, v in self._state.items()}
+        return {k: ([list(c) for c in v] if k == "carry" else dict(v) if k == "plan" else v)
+                for k, v in self._state.items()}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the next ``iter()`` from :meth:`state_dict` (same source, rank, world size, seq_len, B)."""
@@ -138,6 +148,9 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"the state was saved with {key}={state.get(key)} but this stream has "
                                  f"{key}={getattr(self, key)}; resume with the same geometry")
+        if state.get("plan") != self._plan_key:
+            raise ValueError(f"the state was planned with {state.get('plan')} but this stream plans with "
+                             f"{self._plan_key}; a resume replans the current buffer, so these must match")
         for key in ("epoch", "buffer_start", "steps_done"):
             v = state.get(key)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
@@ -147,7 +160,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
                                                                  or x < 0 for x in c)
                                               or c[0] >= state["buffer_start"] for c in carry):
             raise ValueError("state['carry'] must list [position, piece, times] of positions before buffer_start")
-        self._state = {**state, "carry": [list(c) for c in carry]}
+        self._state = {**state, "carry": [list(c) for c in carry], "plan": dict(self._plan_key)}
 
     # ----------------------------------------------------------------------------------------- source
     def _iterable(self):
