@@ -76,6 +76,7 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden
 # path -> (column title, gradients checked). FlexAttention has no backward on the CPU (torch raises).
 PATHS = {
     "sft": ("SFT `PackingCollator`, position_ids (sdpa)", True),
+    "sft_varlen": ("SFT `register_varlen_attention()` (per-document kernel)", True),
     "sft_flex": ("SFT `return_block_mask=True, model_config=`, flex", False),
     "sft_flex_plain": ("SFT `return_block_mask=True` (no config), flex", False),
     "groups_varlen": ("`pack_groups` varlen", True),
@@ -154,6 +155,9 @@ def zoo_session():
     patch = pytest.MonkeyPatch()
     _SESSION.append(patch)
     eager_flex_attention(patch)
+    from packkit.training import hf_attention
+
+    patch.setattr(hf_attention, "_varlen_kernel", lambda: per_document_kernel)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: threads only add contention
     try:
@@ -164,6 +168,26 @@ def zoo_session():
         patch.undo()
         tiny_model.cache_clear()
         reference.cache_clear()
+
+
+def per_document_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window=None):
+    """The contract of packkit_varlen's kernel (torch's varlen_attn: CUDA only), one SDPA call per document, in
+    any dtype: a query i sees keys j <= i (causal) with i - j < window. The zoo checks packkit's wiring with it."""
+    bounds = cu_q.tolist()
+    if not torch.equal(cu_q, cu_k) or bounds[0] != 0 or bounds[-1] != q.shape[0]:
+        raise AssertionError(f"bad cu_seqlens {bounds} for {q.shape[0]} tokens")
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        i = torch.arange(b - a)
+        mask = torch.ones(b - a, b - a, dtype=torch.bool)
+        if causal:
+            mask &= i[None, :] <= i[:, None]
+        if window is not None:
+            mask &= i[:, None] - i[None, :] < window
+        out.append(torch.nn.functional.scaled_dot_product_attention(
+            q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), attn_mask=mask,
+            scale=scale).transpose(0, 1))
+    return torch.cat(out)
 
 
 # -- models ---------------------------------------------------------------------------------------------------
@@ -325,11 +349,11 @@ def _sft(model, attn, path):
     import packkit
 
     seqs = sft_sequences()
-    config = model.config if path == "sft_flex" else None
-    collate = packkit.PackingCollator(return_block_mask=path != "sft", model_config=config)
+    flex = path.startswith("sft_flex")
+    collate = packkit.PackingCollator(return_block_mask=flex, model_config=model.config if path == "sft_flex" else None)
     batch = collate([{"input_ids": s} for s in seqs])
     batch.pop("labels")
-    _set_attn(model, attn if path == "sft" else "flex_attention")
+    _set_attn(model, "flex_attention" if flex else packkit.register_varlen_attention() if path == "sft_varlen" else attn)
     logits = model(**batch, use_cache=False).logits[0]
     cu = batch["cu_seq_lens_q"].tolist()
     ids = batch["input_ids"][0]

@@ -4,8 +4,9 @@ architecture of tests/model_zoo.py (tiny, random, fp64 end to end), is exact aga
 be exact. A silent mismatch fails. docs/reliability.md holds the table (tools/model_zoo_table.py writes it);
 the last test checks it is what this suite produces.
 
-Controls: dropping ``softcap`` (Gemma 2) or ``s_aux`` (GPT-OSS sinks) before packkit's shared-prefix attention
-sees them must turn exact cells into mismatches under the same comparison.
+Controls (the same comparison must flag them): dropping ``softcap`` (Gemma 2) or ``s_aux`` (GPT-OSS sinks)
+before packkit's shared-prefix attention sees them; BlockMasks without the sliding window (the issue's bug);
+``packkit_varlen`` losing ``sliding_window``.
 """
 from __future__ import annotations
 
@@ -65,6 +66,33 @@ def test_control_dropped_argument_is_caught(monkeypatch, name, path, argument):
     result = zoo.run_case(name, path)
     assert result.kind == "mismatch", result.cell()
     assert result.logp_rel > 1e3 * zoo.REL_LOGP
+
+
+def test_control_block_mask_without_windows_is_caught(monkeypatch):
+    """The issue's bug: the collator's BlockMasks lose the sliding window (every layer type treated as full). The
+    document-causal mask's own guard refuses that; without the guard too, the comparison flags it."""
+    from packkit.training import block_masks
+
+    monkeypatch.setattr(block_masks, "model_layer_types", lambda config: ["full_attention"])
+    assert zoo.run_case("mistral", "sft_flex").kind == "refused"
+    monkeypatch.setattr(block_masks, "_refuse_windowed_use", lambda max_document: None)
+    result = zoo.run_case("mistral", "sft_flex")
+    assert result.kind == "mismatch" and result.logp_rel > 1e3 * zoo.REL_LOGP, result.cell()
+
+
+def test_control_varlen_without_window_is_caught(monkeypatch):
+    """packkit_varlen loses sliding_window on its way to the kernel."""
+    from packkit.training import hf_attention
+
+    original = hf_attention.varlen_attention_forward
+
+    def dropping(*args, **kwargs):
+        kwargs.pop("sliding_window", None)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(hf_attention, "varlen_attention_forward", dropping)
+    result = zoo.run_case("mistral", "sft_varlen")
+    assert result.kind == "mismatch" and result.logp_rel > 1e3 * zoo.REL_LOGP, result.cell()
 
 
 def test_docs_table_is_what_the_suite_produces():
