@@ -148,9 +148,15 @@ def windowed_per_document(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wind
     return torch.cat(out)
 
 
-def _varlen_mistral_error(monkeypatch, kernel):
+# Qwen2-MoE windows its sliding layers through the mask only (no sliding_window keyword reaches the attention).
+QWEN2_MOE_WINDOW = dict(use_sliding_window=True, sliding_window=3, max_window_layers=1,
+                        layer_types=["sliding_attention", "full_attention"], num_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=32, shared_expert_intermediate_size=32, experts_implementation="eager")
+
+
+def _varlen_mistral_error(monkeypatch, kernel, kind="mistral", **overrides):
     monkeypatch.setattr(hf_attention, "_varlen_kernel", lambda: kernel)
-    model = _tiny("mistral").to(torch.float64)
+    model = _tiny(kind, **overrides).to(torch.float64)
     seqs = [[3, 9, 4, 17, 22, 5, 8], [11, 2, 6], [7, 30, 12, 1, 9]]
     with torch.no_grad():
         alone = [model(input_ids=torch.tensor([s]), use_cache=False).logits[0] for s in seqs]  # SDPA, windowed
@@ -170,6 +176,46 @@ def test_varlen_sliding_window_reaches_the_kernel(monkeypatch):
         assert window == 3
         return windowed_per_document(*args)
     assert _varlen_mistral_error(monkeypatch, dropping) > 1e-3
+
+
+def test_varlen_window_of_a_model_that_passes_none():
+    """Qwen2-MoE passes no sliding_window keyword: the window is read from the layer (module.sliding_window,
+    config.layer_types), so the packed run still equals per-sample SDPA; the shared-prefix attention refuses it."""
+    mp = pytest.MonkeyPatch()
+    try:
+        assert _varlen_mistral_error(mp, windowed_per_document, "qwen2_moe", **QWEN2_MOE_WINDOW) <= 1e-12
+        assert _varlen_mistral_error(mp, lambda *a, window=None: windowed_per_document(*a), "qwen2_moe",
+                                     **QWEN2_MOE_WINDOW) > 1e-3  # control: the window lost
+    finally:
+        mp.undo()
+    model, batch = _shared("qwen2_moe", **QWEN2_MOE_WINDOW)
+    with pytest.raises(ValueError, match="model type 'qwen2_moe'.*sliding window of 3 tokens, shorter"):
+        model(**batch, use_cache=False)
+
+
+def test_layer_limits_and_chunked_layers(monkeypatch):
+    module = _module("llama4_text")
+    module.layer_idx = 1
+    module.config.layer_types = ["full_attention", "chunked_attention", "sliding_attention"]
+    module.config.attention_chunk_size, module.config.sliding_window = 4, 7
+    assert attention_args.layer_limits(module, None) == (None, 4)
+    module.layer_idx = 2
+    assert attention_args.layer_limits(module, None) == (7, None)
+    assert attention_args.layer_limits(module, 5) == (5, None)  # the keyword wins
+    module.sliding_window = False  # not a window: the layer type still is
+    assert attention_args.layer_limits(module, None) == (7, None)
+    module.config.layer_types[2] = "full_attention"
+    assert attention_args.layer_limits(module, None) == (None, None)
+    module.layer_idx = 1
+    monkeypatch.setattr(hf_attention, "_varlen_kernel", lambda: lambda *a, **k: a[0])
+    with pytest.raises(ValueError, match="model type 'llama4_text'.*attention_chunk_size=4, shorter than the longest"):
+        _varlen(module, length=6)
+    _varlen(module, length=4)  # one chunk holds every document: no effect
+    attn = sp.pack_groups(PROMPTS, COMPLETIONS)[0]
+    q = torch.zeros(1, 4, attn["input_ids"].shape[1], 8)
+    with pytest.raises(ValueError, match="attention_chunk_size=4, shorter than the longest tree path"):
+        hf.shared_prefix_attention_forward(module, q, q, q, None, shared_prefix=attn["shared_prefix"],
+                                           position_ids=attn["position_ids"])
 
 
 def test_varlen_non_causal_layer_runs_non_causal(monkeypatch):

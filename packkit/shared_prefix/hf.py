@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..training.attention_args import refusal, refuse_unknown, register
+from ..training.attention_args import layer_limits, refusal, refuse_unknown, register
 from .attention_meta import SharedPrefixAttention
 
 NAME = "packkit_shared_prefix"
@@ -83,7 +83,12 @@ def shared_prefix_attention_forward(module: torch.nn.Module, query: torch.Tensor
                if position_ids is None else "they are not the batch's own packed positions (a branch's positions "
                "continue from its prefix's); pass batch['position_ids'] unchanged")
         raise refusal(NAME, module, "the call's position_ids", why)
-    if sliding_window is not None and 0 < sliding_window < shared_prefix.max_path:
+    sliding_window, chunk = layer_limits(module, sliding_window)
+    if chunk is not None and chunk < shared_prefix.max_path:
+        raise refusal(NAME, module, f"chunked attention (attention_chunk_size={chunk}, shorter than the longest "
+                      f"tree path, {shared_prefix.max_path} tokens)", "chunks are not implemented on tree masks; use "
+                      "unshared packing for these sequences")
+    if sliding_window is not None and sliding_window < shared_prefix.max_path:
         raise refusal(NAME, module, f"a sliding window of {sliding_window} tokens, shorter than the longest tree "
                       f"path ({shared_prefix.max_path} tokens)", "the window is not implemented on tree masks; use "
                       "unshared packing for these sequences")

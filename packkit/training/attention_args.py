@@ -32,7 +32,10 @@ ARGUMENTS = {
     "is_causal": Arg("False for encoders / bidirectional layers (also read from module.is_causal)",
                      "implemented: False runs non-causal documents",
                      "True implemented; False refused: tree attention is causal"),
-    "sliding_window": Arg("a query sees keys with q - k < sliding_window",
+    "sliding_window": Arg("a query sees keys with q - k < sliding_window (also read from module.sliding_window and "
+                          "config.layer_types, which some models window through the mask only; chunked layers "
+                          "(attention_chunk_size) likewise: implemented when the chunk is at least the longest "
+                          "document / path, refused shorter)",
                           "implemented: torch's window_size=(w - 1, 0) when shorter than max_length_q (refused on a "
                           "torch without window_size, and for non-causal layers, where transformers' mask and flash "
                           "paths disagree by one token)",
@@ -72,6 +75,25 @@ ARGUMENTS = {
 def model_type(module: torch.nn.Module) -> str:
     config = getattr(module, "config", None)
     return str(getattr(config, "model_type", None) or type(module).__name__)
+
+
+def layer_limits(module: torch.nn.Module, sliding_window):
+    """``(window, chunk)`` of this attention layer as transformers' own masks apply them. Some models pass no
+    ``sliding_window`` keyword and window their layers only through the mask transformers builds (Qwen2-MoE:
+    ``module.sliding_window``; any ``config.layer_types`` "sliding_attention"), and chunked layers (Llama 4,
+    ``attention_chunk_size``) only ever through the mask; a registered attention gets no mask, so read them here."""
+    config = getattr(module, "config", None)
+    types, idx = getattr(config, "layer_types", None), getattr(module, "layer_idx", None)
+    layer_type = types[idx] if isinstance(idx, int) and types is not None and 0 <= idx < len(types) else None
+
+    def as_int(x):  # None, 0, bools: no limit
+        return x if type(x) is int and x > 0 else None
+
+    candidates = (sliding_window, getattr(module, "sliding_window", None),
+                  getattr(config, "sliding_window", None) if layer_type == "sliding_attention" else None)
+    window = next((w for w in map(as_int, candidates) if w is not None), None)
+    chunk = as_int(getattr(config, "attention_chunk_size", None)) if layer_type == "chunked_attention" else None
+    return window, chunk
 
 
 def refusal(function: str, module: torch.nn.Module, feature: str, why: str) -> ValueError:

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from .attention_args import refusal, refuse_unknown, register
+from .attention_args import layer_limits, refusal, refuse_unknown, register
 
 NAME = "packkit_varlen"
 
@@ -108,8 +108,13 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     cu_k = cu_seq_lens_q if cu_seq_lens_k is None else cu_seq_lens_k
     max_k = max_length_q if max_length_k is None else max_length_k
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    longest = max(int(max_length_q), int(max_k))
+    sliding_window, chunk = layer_limits(module, sliding_window)
+    if chunk is not None and chunk < longest:
+        raise refusal(NAME, module, f"chunked attention (attention_chunk_size={chunk}, shorter than the longest "
+                      f"document, {longest})", "varlen_attn has no chunked mask; use attn_implementation='sdpa'")
     window = {}
-    if sliding_window is not None and 0 < sliding_window < max(int(max_length_q), int(max_k)):
+    if sliding_window is not None and sliding_window < longest:
         if not causal:
             raise refusal(NAME, module, f"a sliding window of {sliding_window} on a non-causal layer",
                           "transformers' mask (|q - k| <= w) and flash (|q - k| < w) definitions differ")
