@@ -318,3 +318,29 @@ def test_config_reads_a_saved_hf_dataset_of_text(tmp_path):
                           snapshot_every_n_steps=1)
     got = collections.Counter(d for row in rows_of(loader) for d in documents_in(row))
     assert got == collections.Counter(tuple(CharTokenizer().encode(t)) for t in texts)
+
+
+class OnlyIterable:
+    """A source with no __len__/__getitem__ (like a streaming dataset), counting its passes."""
+
+    def __init__(self, docs):
+        self.docs, self.passes = docs, 0
+
+    def __iter__(self):
+        self.passes += 1
+        return iter(self.docs)
+
+
+def test_iterable_source_is_scanned_once_per_pass_and_resumes():
+    docs = random_docs(np.random.default_rng(6).integers(2, 60, 300))
+    kw = dict(seq_len=64, local_batch_size=2, dp_rank=1, dp_world_size=2, buffer_size=16)
+    src = OnlyIterable(docs)
+    full = rows_of(BalancedDocumentStream(src, **kw))
+    assert src.passes == 1
+    assert full == rows_of(BalancedDocumentStream(docs, **kw))  # the same stream as from an indexable source
+    first = BalancedDocumentStream(OnlyIterable(docs), **kw)
+    it = iter(first)
+    head = [next(it) for _ in range(9)]
+    second = BalancedDocumentStream(OnlyIterable(docs), **kw)
+    second.load_state_dict(first.state_dict())
+    assert rows_of(head) + rows_of(second) == full

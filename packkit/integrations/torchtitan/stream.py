@@ -259,9 +259,9 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         carried = self._carried(st["carry"])
         per_step = self.dp_world_size * self.local_batch_size
         lo = self.dp_rank * self.local_batch_size
+        fresh = self._read(st["buffer_start"])  # one reader per pass: an iterable source is scanned once
         while True:
             pool, ages = [p for p, _ in carried], [a for _, a in carried]
-            fresh = self._read(st["buffer_start"])
             next_start, exhausted = st["buffer_start"], False
             while len(pool) < self.buffer_size:
                 nxt = next(fresh, None)
