@@ -181,3 +181,24 @@ def test_narrow_integer_ids_are_widened_not_refused():
     for dtype in (torch.int8, torch.int16, torch.uint8):
         batch = pack_sequences([torch.tensor([1, 2, 3], dtype=dtype)])
         assert batch["input_ids"].tolist() == [[1, 2, 3]] and batch["input_ids"].dtype == torch.int64
+
+
+def test_sampler_metrics_stay_finite_or_refuse():
+    """Item costs that are each finite can overflow when a row sums them: balance would be NaN."""
+    huge = PackedBatchSampler(np.arange(1, 50), 64, rank=0, world_size=2, cost=lambda x: np.full(len(x), 1e308))
+    with pytest.raises(ValueError, match="overflow float64"):
+        huge.balance
+    ok = PackedBatchSampler(np.arange(1, 50), 64, rank=0, world_size=2, cost=lambda x: np.full(len(x), 1e300))
+    assert np.isfinite(ok.balance) and np.isfinite(ok.rank_balance)
+    zero = PackedBatchSampler(np.arange(1, 50), 64, rank=0, world_size=2, cost=lambda x: np.zeros(len(x)))
+    assert zero.balance == 1.0 and zero.rank_balance == 1.0
+
+
+def test_cp_padded_lengths_refuses_floats_and_negatives():
+    from packkit.context_parallel import cp_padded_lengths
+
+    with pytest.raises(TypeError):
+        cp_padded_lengths([1.5, 2], 2)
+    with pytest.raises(ValueError, match=">= 0"):
+        cp_padded_lengths([-3, 2], 2)
+    assert cp_padded_lengths([1, 5], 2).tolist() == [4, 8]

@@ -73,7 +73,9 @@ def check_cp_capacity(multiple: Optional[int], capacity: Optional[int]) -> None:
 def cp_padded_lengths(lengths, cp_size: int, mode: str = "zigzag") -> np.ndarray:
     """Lengths after CP padding: zigzag rounds each segment up to a multiple of ``2 * cp_size``; contiguous
     pads only the row's end, so segment lengths are unchanged (see :func:`cp_row_len`)."""
-    lengths = np.asarray(lengths, np.int64)
+    lengths = as_lengths(lengths)  # TypeError for floats rather than truncating them
+    if len(lengths) and lengths.min() < 0:
+        raise ValueError(f"lengths must be >= 0, got {int(lengths.min())}")
     _check_cp(cp_size, 0, mode)
     if mode == "contiguous":
         return lengths.copy()

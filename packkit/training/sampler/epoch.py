@@ -45,6 +45,9 @@ def plan_epoch(lengths: np.ndarray, capacity: int, *, epoch: int, seed: int, shu
     plan = make_plan(lengths[permutation], capacity, algorithm=algorithm,
                      dp_size=world_size * rows_per_step, cost=cost, overlong=overlong,
                      pad_to_multiple_of=pad_to_multiple_of)
+    if not np.isfinite(plan.rank_costs).all():  # finite item costs can still overflow when a row sums them
+        raise ValueError("the cost model's row costs overflow float64 (each item's cost is finite, their sum per "
+                         "row is not); scale the cost callable down")
     steps = plan.num_steps
     # The planner puts empty rows only in its last step; that step stays last.
     incomplete = steps > 0 and plan.empty_bins > 0
