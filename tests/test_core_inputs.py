@@ -66,6 +66,18 @@ def test_property_plan_is_used_only_for_its_lengths(a, data):
             pack_sequences(seqs, plan=plan, layout="padded")
 
 
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), max_size=8), overlong=st.sampled_from(["drop", "truncate", "split"]),
+       multiple=st.sampled_from([None, 2, 4]), dp=st.integers(1, 3), algorithm=st.sampled_from(["obfd", "ogbfd", "nf"]))
+def test_property_every_planner_plan_is_accepted_for_its_lengths(lengths, overlong, multiple, dp, algorithm):
+    """No false alarm: whatever the planner makes (drop/truncate/split, CP padding, dp ranks) passes the coverage
+    check for the lengths it was made from, and packs exactly the tokens the plan keeps."""
+    plan = packkit.plan(lengths, 16, overlong=overlong, pad_to_multiple_of=multiple, dp_size=dp, algorithm=algorithm)
+    seqs = [[i + 1] * n for i, n in enumerate(lengths)]
+    out = pack_sequences(seqs, plan=plan, layout="padded")
+    assert int((out["input_ids"] != 0).sum()) == plan.kept_tokens
+
+
 # -- a field named like an output key is refused ------------------------------------------------------------
 SEQS = [[1, 2, 3], [4, 5]]
 
@@ -126,6 +138,35 @@ def test_num_items_under_cp_is_all_ranks_shift_labels(separator, mode, fused):
         counts += int(batch["shift_labels"].ne(-100).sum())
         reported.add(int(batch["num_items_in_batch"]))
     assert reported == {counts} and counts == 6  # 9 tokens, 3 documents: 6 next-token targets
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 12), min_size=1, max_size=6), separator=st.sampled_from([None, 3, -100]),
+       cp=st.integers(1, 3), mode=st.sampled_from(["zigzag", "contiguous"]), masked=st.booleans(), data=st.data())
+def test_property_num_items_is_what_the_loss_counts(lengths, separator, cp, mode, masked, data):
+    """Random labels with ignored positions: the count equals the shifted targets (flat, padded) and, under CP,
+    the ranks' shift_labels summed, on every rank."""
+    rng = np.random.default_rng(sum(lengths) + cp)
+    feats = []
+    for n in lengths:
+        ids = rng.integers(1, 50, n)
+        labels = np.where(rng.random(n) < 0.3, -100, ids) if masked else ids
+        feats.append({"input_ids": ids.tolist(), "labels": labels.tolist()})
+    for layout, cap in (("flat", None), ("padded", 24)):
+        batch = PackingCollator(cap, layout=layout, separator_id=separator, return_num_items=True)(feats)
+        shifted = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]
+        assert int(batch["num_items_in_batch"]) == int(shifted.ne(-100).sum())
+    fields = data.draw(st.sampled_from(["error", "keep"]))  # fused launch, or pack then shard
+    if fields == "keep":
+        for f in feats:
+            f["meta"] = 0
+    total, reported = 0, set()
+    for rank in range(cp):
+        shard = PackingCollator(separator_id=separator, return_num_items=True, context_parallel=(cp, rank, mode),
+                                extra_fields=fields)(feats)
+        total += int(shard["shift_labels"].ne(-100).sum())
+        reported.add(int(shard["num_items_in_batch"]))
+    assert reported == {total}
 
 
 def _model_losses(model, batch, num_items):
