@@ -399,7 +399,8 @@ def test_planning_functions_check_their_numbers():
         tree_costs(forest, lambda lengths: 5.0)  # a scalar would broadcast to every node
     with pytest.raises(ValueError, match="non-decreasing"):
         tree_costs(forest, lambda lengths: -lengths.astype(float))
-    assert tree_costs(forest, lambda lengths: lengths.astype(float) ** 2).tolist() == [9.0 + (25 - 9) + (16 - 9), 4.0 + (9 - 4) + (16 - 4)]
+    squares = tree_costs(forest, lambda lengths: lengths.astype(float) ** 2)  # root L^2, each branch its own part
+    assert squares.tolist() == [9.0 + (25 - 9) + (16 - 9), 4.0 + (9 - 4) + (16 - 4)]
     with pytest.raises(TypeError, match="cost must be"):
         sp.tree_micro_batches(forest, 8, cost=np.array([1.0, 0.0]))
 
@@ -492,3 +493,29 @@ def test_negative_device_token_ids_set_the_status_not_a_sync():
     lp = sp.completion_logprobs(torch.zeros(*batch["input_ids"].shape, 5, device="cuda"), info)
     assert torch.isnan(lp.padded[0, 1]) and torch.isfinite(lp.padded[0, 0])  # id 7 >= vocab 5: NaN, no assert
     del logits
+
+
+def test_values_on_another_device_than_the_batch_are_named():
+    _, info, logits = batch_and_logits()
+    with pytest.raises(ValueError, match="logits are on meta but the packed batch \\(info\\) is on cpu"):
+        sp.completion_logprobs(torch.zeros(1, 11, 16, device="meta"), info)
+    with pytest.raises(ValueError, match="values are on meta"):
+        sp.completion_values(torch.zeros(1, 11, device="meta"), info)
+
+
+def test_non_finite_host_values_are_refused_where_the_loss_reads_them():
+    lp = grpo_case()
+    with pytest.raises(ValueError, match="advantages holds a non-finite value"):
+        sp.grpo_token_mean_loss(lp, [1.0, float("nan")])
+    old = lp.padded.detach().clone()
+    old[1, 0] = float("-inf")
+    with pytest.raises(ValueError, match="old_logprobs holds a non-finite value"):
+        sp.grpo_token_mean_loss(lp, [1.0, 3.0], old)
+    x = torch.zeros(2)
+    with pytest.raises(ValueError, match="chosen holds a non-finite value"):
+        sp.dpo_loss(torch.tensor([0.0, float("inf")]), x, x, x)
+    # Control: a NaN where the loss does not read (past a sequence's end) is harmless and accepted.
+    _, info, logits = batch_and_logits()
+    lp = sp.completion_logprobs(logits, info)
+    old = lp.padded.detach().masked_fill(~lp.mask, float("nan"))
+    assert torch.isfinite(sp.grpo_token_mean_loss(lp, [1.0, 2.0, 3.0, 4.0], old))

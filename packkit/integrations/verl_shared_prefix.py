@@ -37,7 +37,8 @@ def shared_prefix_log_probs(model, micro_batch, uids, *, temperature: float = 1.
     if not isinstance(calculate_entropy, (bool, np.bool_)):
         raise TypeError(f"calculate_entropy must be True or False, got {type(calculate_entropy).__name__}")
     if not hasattr(micro_batch, "keys"):
-        raise TypeError(f"micro_batch must be verl's micro-batch (a dict or TensorDict), got {type(micro_batch).__name__}")
+        raise TypeError("micro_batch must be verl's micro-batch (a dict or TensorDict), got "
+                        f"{type(micro_batch).__name__}")
     keys = set(micro_batch.keys())  # TensorDict refuses `key in td`
     missing = [k for k in ("input_ids", "attention_mask", "responses") if k not in keys]
     if missing:
@@ -46,8 +47,8 @@ def shared_prefix_log_probs(model, micro_batch, uids, *, temperature: float = 1.
     input_ids, attention_mask, responses = (micro_batch[k] for k in ("input_ids", "attention_mask", "responses"))
     for name, value in (("input_ids", input_ids), ("responses", responses)):
         if not isinstance(value, torch.Tensor) or value.dim() != 2:
-            raise TypeError(f"micro_batch[{name!r}] must be a [batch, length] tensor, got "
-                            f"{type(value).__name__}{'' if not isinstance(value, torch.Tensor) else f' {value.dim()}-d'}")
+            what = f"a {value.dim()}-d tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise TypeError(f"micro_batch[{name!r}] must be a [batch, length] tensor, got {what}")
     width = int(responses.shape[-1])
     if responses.shape[0] != input_ids.shape[0] or width > input_ids.shape[1]:
         raise ValueError(f"micro_batch['responses'] {tuple(responses.shape)} must have input_ids' rows and at most "

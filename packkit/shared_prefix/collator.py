@@ -101,6 +101,8 @@ def _pair_values(value, name: str) -> torch.Tensor:
         raise TypeError(f"{name} must be a tensor [P] of summed log-probs (dpo_logps), got {type(value).__name__}")
     if not value.is_floating_point():
         raise TypeError(f"{name} must be a floating tensor, got {value.dtype}")
+    if value.device.type == "cpu" and value.numel() and not bool(torch.isfinite(value.detach()).all()):
+        raise ValueError(f"{name} holds a non-finite value (NaN or inf)")  # host values: free to check
     return value
 
 
@@ -108,7 +110,8 @@ def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Ten
              beta: float = 0.1) -> torch.Tensor:
     """DPO's sigmoid loss (TRL's default ``loss_type="sigmoid"``, no label smoothing), mean over pairs.
 
-    All four are floating tensors of one shape ``[P]`` on one device (no broadcasting); ``beta`` a finite real > 0. No pairs: 0."""
+    All four are floating tensors of one shape ``[P]`` on one device (no broadcasting); ``beta`` a finite real
+    > 0. No pairs: 0."""
     beta = check_real(beta, "beta", low=0.0, low_open=True)
     args = {"chosen": chosen, "rejected": rejected, "ref_chosen": ref_chosen, "ref_rejected": ref_rejected}
     for name, value in args.items():

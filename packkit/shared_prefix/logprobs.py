@@ -39,11 +39,14 @@ def _check_info(info, name: str = "info") -> None:
 def _flat(values: torch.Tensor, info: SharedPrefixInfo, name: str = "values") -> torch.Tensor:
     rows, row_len = info.layout.num_rows, info.layout.row_len
     if not isinstance(values, torch.Tensor):
+        hint = " (use torch.from_numpy)" if hasattr(values, "__array__") else ""
         raise TypeError(f"{name} must be a torch.Tensor [{rows}, {row_len}, ...] (the packed batch), got "
-                        f"{type(values).__name__}" + (" (use torch.from_numpy)" if hasattr(values, "__array__") else ""))
+                        f"{type(values).__name__}{hint}")
     if values.dim() == 0:
         raise ValueError(f"{name} must be [{rows}, {row_len}, ...] (the packed batch) or [{rows * row_len}, ...], "
                          "got a 0-d tensor")
+    if values.device != info.pred.device:
+        raise ValueError(f"{name} are on {values.device} but the packed batch (info) is on {info.pred.device}")
     if values.dim() >= 2 and tuple(values.shape[:2]) == (rows, row_len):
         return values.reshape(rows * row_len, *values.shape[2:])
     if values.shape[0] == rows * row_len:
@@ -183,7 +186,8 @@ def grpo_token_mean_loss(logprobs: CompletionLogprobs, advantages: torch.Tensor,
     current ones); both exactly (a ``[1, W]`` or ``[W]`` tensor is refused, not broadcast), real-valued (tensor,
     numpy or list; moved to the log-probs' device and dtype). ``clip_eps``: a finite real in ``[0, 1)``."""
     if not isinstance(logprobs, CompletionLogprobs):
-        raise TypeError(f"logprobs must be the CompletionLogprobs of completion_logprobs, got {type(logprobs).__name__}")
+        raise TypeError("logprobs must be the CompletionLogprobs of completion_logprobs, got "
+                        f"{type(logprobs).__name__}")
     clip_eps = check_real(clip_eps, "clip_eps", low=0.0)
     if clip_eps >= 1:
         raise ValueError(f"clip_eps must be in [0, 1) (the ratio is clipped to [1 - clip_eps, 1 + clip_eps]), got "
@@ -196,6 +200,9 @@ def grpo_token_mean_loss(logprobs: CompletionLogprobs, advantages: torch.Tensor,
     else:
         old = as_values(old_logprobs, "old_logprobs", logprobs.padded)
         check_shape(old, "old_logprobs", [[n, width]])
+    _check_finite(adv, "advantages", logprobs.mask if adv.dim() == 2 else None)
+    if old_logprobs is not None:
+        _check_finite(old, "old_logprobs", logprobs.mask)
     ratio = torch.exp(logprobs.padded - old)
     adv = adv if adv.dim() == 2 else adv.unsqueeze(1)
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
@@ -209,3 +216,13 @@ def _check_fill(fill, dtype: torch.dtype) -> None:
     if not (dtype.is_floating_point or dtype.is_complex) and (isinstance(fill, (float, np.floating))
                                                              and not float(fill).is_integer()):
         raise ValueError(f"fill={fill!r} cannot be stored in {dtype} values")
+
+
+def _check_finite(values: torch.Tensor, name: str, mask) -> None:
+    """Refuse NaN / inf where they count (under ``mask``) when the values are on the host (free); device values
+    are not read back (a NaN there gives a NaN loss, visible at the next natural sync)."""
+    if values.device.type != "cpu":
+        return
+    counted = values if mask is None else values[mask]
+    if counted.numel() and not bool(torch.isfinite(counted).all()):
+        raise ValueError(f"{name} holds a non-finite value (NaN or inf) where the loss reads it")

@@ -17,7 +17,8 @@ from .attention_meta import ATTENTION_PATHS, SharedPrefixAttention
 from .checks import check_allocation, check_choice, check_device, check_forest, check_pad_id, check_plan_args
 from .layout import ScoreIndex, TreeLayout, score_index, tree_layout
 from .planning import TreePlan, plan_trees
-from .tree import PrefixForest, build_tree, groups_forest
+from .radix import build_tree
+from .tree import PrefixForest, groups_forest
 
 NEGATIVE_TOKEN = 4  # the status bit (checks.STATUS_ERRORS) of a negative token id found on the device
 
@@ -149,11 +150,17 @@ def _check_host_tokens(forest: PrefixForest, pad_id: int) -> Optional[int]:
     if total == 0:
         return pad_id
     ends = np.cumsum(length)
-    index = np.repeat(forest.src - (ends - length), length) + np.arange(total, dtype=np.int64)  # every used token
-    used = forest.tokens[torch.from_numpy(index)]
-    low, high = (int(v) for v in torch.aminmax(used))
+    starts = ends - length
+    tokens = forest.tokens.numpy()  # numpy's int64 min / max are several times faster than torch's
+    if total == len(tokens) and np.array_equal(forest.src, starts):
+        index, used = None, tokens  # the nodes use every token in order (groups_forest, build_tree)
+    else:
+        index = np.repeat(forest.src - starts, length) + np.arange(total, dtype=np.int64)
+        used = tokens[index]
+    low, high = int(used.min()), int(used.max())
     if low < 0:
-        at = int(torch.nonzero(used < 0)[0, 0])
+        at = int(np.flatnonzero(used < 0)[0])
+        index = np.arange(total) if index is None else index
         node = int(np.searchsorted(ends, at, side="right"))
         raise ValueError(f"token id {int(used[at])} at tokens[{int(index[at])}] (node {node}): token ids index the "
                          "embedding and must be >= 0")
@@ -182,7 +189,8 @@ def pack_groups(prompts, completions, *, capacity: Optional[int] = None, labels=
 
     Every argument is checked before anything is planned or allocated (``docs/shared_prefix.md``, "Argument
     rules"): token ids must be ints >= 0; a batch may not hold more than ``max(2**22, 4 x tokens)`` token
-    slots (rows x row length); ``prompts == completions == []`` gives an empty batch ``[1, 0]``.
+    slots (rows x row length); ``prompts == completions == []`` gives an empty batch (``[1, 0]``; ``[0, capacity]``
+    with capacity).
 
     Returns ``(batch, info)``: ``batch`` has ``input_ids`` and ``position_ids`` ``[R, S]`` (a completion's
     positions continue from its prompt's length, exactly as it would have alone) and ``shared_prefix`` (the

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
-import torch
 
 from ..planning.planner import Plan, _as_count, _cost_model, plan as make_plan
 from .checks import check_allocation, check_cost, check_forest, check_overlong, check_plan_args

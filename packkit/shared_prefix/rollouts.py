@@ -146,7 +146,8 @@ def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, g
 def _what(value) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {value.dim()}-d tensor"
-    return type(value).__name__ + (" (convert it with torch.as_tensor)" if isinstance(value, (list, np.ndarray)) else "")
+    hint = " (convert it with torch.as_tensor)" if isinstance(value, (list, np.ndarray)) else ""
+    return type(value).__name__ + hint
 
 
 def _mask_values_status(attention_mask: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
