@@ -152,6 +152,8 @@ def _unpack_int(pad_value):
      "return_info"),
     (lambda: PackedIterableDataset(EXAMPLES, 32, pad_token_id=-1), ValueError, "pad_token_id"),
     (lambda: PackedIterableDataset(EXAMPLES, 32, mask_first_label="no"), TypeError, "mask_first_label"),
+    (lambda: next(iter(PackedIterableDataset(EXAMPLES[:3] + [{"input_ids": [4, -1]}], 32))), ValueError,
+     "example 3: token id -1 is negative"),
     # values a cast would silently change (they raised a RuntimeError from the C++ op, or were truncated)
     (lambda: pack_sequences([torch.tensor([1, 2], dtype=torch.int32)], capacity=4, layout="padded",
                             pad_token_id=2**40), ValueError, "pad_token_id=1099511627776 cannot be stored"),

@@ -82,6 +82,9 @@ def example_pieces(position: int, example, stats: Optional[dict], *, input_key: 
             raise TypeError(f"example {position} is a {type(example).__name__}; examples must be dicts with "
                             f"{input_key!r} or sequences of token ids")
         ids, labels, extras = token_array(example, position, "the token sequence"), None, None
+    if len(ids) and int(ids.min()) < 0:  # pack_sequences refuses it too; here the message names the example
+        raise ValueError(f"example {position}: token id {int(ids.min())} is negative; token ids index the "
+                         f"embedding and must be >= 0")
     n, cap = len(ids), capacity
     if stats is not None:
         stats["examples"] += 1
