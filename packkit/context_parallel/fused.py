@@ -102,7 +102,7 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
         pad_token_id, ignore_index, position_ids_start, mask_first_label)
     if separator_id is not None:
         check_separator(separator_id, ignore_index)
-    flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels, ignore_index)
+    flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels)
     token_fields, pads = {}, check_pad_values(pad_values)
     if fields:
         sorted_fields, pads, _ = prepare_fields(fields, seq_lengths, flat_ids, extra_fields=extra_fields,

@@ -10,8 +10,9 @@ A field of a batch of samples (``{name: [value of sample 0, value of sample 1, .
   ``position_ids`` / ``cu_seq_lens``); a zero inside a sample is an upstream padding bug and raises.
 * **vision** (``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``,
   ``second_per_grid_ts``): per-sample tensors concatenated in packed order by :mod:`packkit.multimodal`.
-* ``position_ids``, ``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``: packkit computes them; ValueError
-  unless ``extra_fields="drop"``.
+* ``input_ids``, ``labels`` (a stale column beside the collator's ``input_key`` / ``label_key``), ``position_ids``,
+  ``seq_idx``, ``cu_seq_lens_*``, ``max_length_*`` (and a caller's ``reserved`` names, e.g. CP's ``shift_labels``):
+  packkit computes them; ValueError unless ``extra_fields="drop"``.
 * anything else: ``extra_fields="error"`` (default) raises ValueError naming the field and its shape;
   ``"drop"`` leaves it out on purpose; ``"keep"`` returns it as a list with one entry per packed segment,
   in packed order.

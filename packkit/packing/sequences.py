@@ -189,7 +189,7 @@ def _op(name: str, backend: str):
     return getattr(torch.ops.packkit, name)
 
 
-def source_tokens(sequences, lengths, labels, ignore_index: int = -100):
+def source_tokens(sequences, lengths, labels):
     """(flat int ids, int64 numpy lengths, flat int labels or None) of pack_sequences' inputs, checked:
     integer dtypes only, ids >= 0 (see :mod:`.checks`)."""
     flat_ids, seq_lengths = flatten_sequences(sequences, lengths)
@@ -207,8 +207,8 @@ def source_tokens(sequences, lengths, labels, ignore_index: int = -100):
                                 f" ({len(label_lengths)} label sequences for {len(seq_lengths)} sequences)"))
         if flat_labels.dim() != 1:
             raise ValueError(f"labels must be 1-D per sequence, got trailing dims {tuple(flat_labels.shape[1:])}")
-        flat_labels = integer_tokens(flat_labels, "labels")  # values are the loss's to check (any negative is
-        # ignored by some trainers' conventions); only their dtype is refused here
+        # Only the dtype is checked: label values (a negative one besides ignore_index) are the loss's to refuse.
+        flat_labels = integer_tokens(flat_labels, "labels")
     return flat_ids, seq_lengths, flat_labels
 
 
@@ -283,7 +283,7 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     pad_token_id, ignore_index, position_ids_start, mask_first_label = check_pack_scalars(
         pad_token_id, ignore_index, position_ids_start, mask_first_label)
     check_bool(return_info, "return_info")
-    flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels, ignore_index)
+    flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels)
     extra = None
     if fields or mrope is not None:
 
