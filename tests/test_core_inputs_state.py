@@ -152,6 +152,10 @@ def _unpack_int(pad_value):
      "return_info"),
     (lambda: PackedIterableDataset(EXAMPLES, 32, pad_token_id=-1), ValueError, "pad_token_id"),
     (lambda: PackedIterableDataset(EXAMPLES, 32, mask_first_label="no"), TypeError, "mask_first_label"),
+    (lambda: next(iter(PackedIterableDataset([{"input_ids": [1, 2], "shift_labels": [2, -100]}], 32,
+                                             context_parallel=(2, 0)))), ValueError, "'shift_labels' would be replaced"),
+    (lambda: next(iter(PackedIterableDataset([{"input_ids": [1, 2], "example_ids": [0, 0]}], 32,
+                                             return_example_ids=True))), ValueError, "'example_ids' would be replaced"),
     (lambda: next(iter(PackedIterableDataset(EXAMPLES[:3] + [{"input_ids": [4, -1]}], 32))), ValueError,
      "example 3: token id -1 is negative"),
     # values a cast would silently change (they raised a RuntimeError from the C++ op, or were truncated)

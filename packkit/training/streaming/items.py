@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ...context_parallel import pack_context_parallel, shard_context_parallel
+from ...context_parallel.shard import CP_OUTPUT_KEYS
 from ...packing.sequences import pack_sequences
 from ...planning.planner import Plan
 
@@ -29,6 +30,13 @@ def pack_rows(ds, rows: list, num_rows: Optional[int]) -> dict:
     padded = ds.layout == "padded"
     names = list(dict.fromkeys(k for p in pieces if p[4] for k in p[4]))
     fields = {k: [p[4].get(k) if p[4] else None for p in pieces] for k in names}
+    reserved = (CP_OUTPUT_KEYS if ds.context_parallel is not None else ()) + (
+        ("example_ids",) if ds.return_example_ids else ())
+    for key in [k for k in reserved if k in fields]:  # this dataset's own outputs: never replaced silently
+        if ds.extra_fields != "drop":
+            raise ValueError(f"example field {key!r} would be replaced by the dataset's own output; remove it from "
+                             f"the examples or pass extra_fields='drop'")
+        del fields[key]
     args = dict(labels=labels, plan=Plan.from_bins(lengths, np.split(np.arange(len(lengths)), offsets[1:-1]),
                                                   ds.capacity, algorithm=ds.algorithm),
                 layout=ds.layout, num_rows=num_rows if padded else None, row_len=ds.capacity if padded else None,
