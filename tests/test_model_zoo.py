@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import model_zoo as zoo  # noqa: E402
+import model_zoo_cases as cases  # noqa: E402
 
 RESULTS = {}
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
@@ -30,7 +31,7 @@ def _zoo():
 
 def outcome(name, path):
     if (name, path) not in RESULTS:
-        RESULTS[(name, path)] = zoo.run_case(name, path)
+        RESULTS[(name, path)] = cases.run_case(name, path)
     return RESULTS[(name, path)]
 
 
@@ -63,9 +64,9 @@ def test_control_dropped_argument_is_caught(monkeypatch, name, path, argument):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(hf, "shared_prefix_attention_forward", dropping)
-    result = zoo.run_case(name, path)
+    result = cases.run_case(name, path)
     assert result.kind == "mismatch", result.cell()
-    assert result.logp_rel > 1e3 * zoo.REL_LOGP
+    assert result.logp_rel > 1e3 * cases.REL_LOGP
 
 
 def test_control_block_mask_without_windows_is_caught(monkeypatch):
@@ -74,10 +75,10 @@ def test_control_block_mask_without_windows_is_caught(monkeypatch):
     from packkit.training import block_masks
 
     monkeypatch.setattr(block_masks, "model_layer_types", lambda config: ["full_attention"])
-    assert zoo.run_case("mistral", "sft_flex").kind == "refused"
+    assert cases.run_case("mistral", "sft_flex").kind == "refused"
     monkeypatch.setattr(block_masks, "_refuse_windowed_use", lambda max_document: None)
-    result = zoo.run_case("mistral", "sft_flex")
-    assert result.kind == "mismatch" and result.logp_rel > 1e3 * zoo.REL_LOGP, result.cell()
+    result = cases.run_case("mistral", "sft_flex")
+    assert result.kind == "mismatch" and result.logp_rel > 1e3 * cases.REL_LOGP, result.cell()
 
 
 def test_control_varlen_without_window_is_caught(monkeypatch):
@@ -91,10 +92,10 @@ def test_control_varlen_without_window_is_caught(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(hf_attention, "varlen_attention_forward", dropping)
-    result = zoo.run_case("mistral", "sft_varlen")
-    assert result.kind == "mismatch" and result.logp_rel > 1e3 * zoo.REL_LOGP, result.cell()
+    result = cases.run_case("mistral", "sft_varlen")
+    assert result.kind == "mismatch" and result.logp_rel > 1e3 * cases.REL_LOGP, result.cell()
 
 
 def test_docs_table_is_what_the_suite_produces():
     results = {(n, p): outcome(n, p) for n in zoo.ARCHITECTURES for p in zoo.PATHS}
-    assert zoo.table_in(DOC.read_text()) == zoo.render_table(results), "run: python tools/model_zoo_table.py"
+    assert cases.table_in(DOC.read_text()) == cases.render_table(results), "run: python tools/model_zoo_table.py"
