@@ -176,6 +176,12 @@ def test_bad_arguments_raise_the_right_type(call, error, match):
         call()
 
 
+def test_a_shard_is_not_sharded_again():
+    shard = packkit.shard_context_parallel(pack_sequences([[1, 2, 3], [4, 5]]), 2, 0)
+    with pytest.raises(ValueError, match="already has 'shift_labels'"):
+        packkit.shard_context_parallel(shard, 2, 0)
+
+
 def test_unshard_checks_each_ranks_part():
     batch = pack_sequences([[1, 2, 3], [4, 5]])
     _, info = packkit.shard_context_parallel(batch, 2, 0, return_info=True)

@@ -283,6 +283,10 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
     ids_in = batch["input_ids"]
     if not isinstance(ids_in, torch.Tensor):
         raise TypeError("batch['input_ids'] must be a tensor")
+    already = [k for k in CP_OUTPUT_KEYS if k in batch]
+    if already:  # a shard of a shard would split the rank's tokens again and recompute shift_labels from them
+        raise ValueError(f"the batch already has {already[0]!r}: it is a context-parallel shard (or carries that "
+                         f"key); shard the packed batch itself, once")
     num_tokens = ids_in.numel()
     ids = integer_tokens(ids_in.reshape(num_tokens), "batch['input_ids']")
     labels = batch.get("labels")
