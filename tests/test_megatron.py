@@ -169,6 +169,13 @@ def test_cp_shards_equal_te_partition(cp, tp, sp):
     assert sorted(seen) == list(range(cup[-1]))  # every position on exactly one rank
 
 
+def test_cp1_part_is_the_whole_batch():
+    """cp = 1 (odd documents, nothing padded): the one rank's part is the batch itself."""
+    out, params = packed_seq_params(packkit.pack_sequences(docs_of([5, 3, 7])))
+    part = thd_batch_on_cp_rank(out, params, 1, 0)
+    assert all(torch.equal(part[k], out[k]) for k in out)
+
+
 def test_planner_counts_the_padding():
     """plan(pad_to_multiple_of=megatron_pad_multiple(...)) rows still fit their capacity once Megatron-padded;
     the control (planned without it) overflows."""

@@ -137,10 +137,10 @@ def thd_batch_on_cp_rank(batch: dict, params, cp_size: int, cp_rank: int) -> dic
         raise ValueError(f"documents are padded to {np.diff(cup).tolist()[:8]}..., not multiples of 2*cp_size="
                          f"{2 * cp_size}; build the batch with packed_seq_params(..., cp_size={cp_size})")
     total = int(cup[-1])
-    index = _src_index_host(cup, cup, cp_size, cp_rank, True, total // cp_size)
-    out = {}
     for key, value in batch.items():
         if not isinstance(value, torch.Tensor) or value.dim() != 2 or value.shape[1] != total:
             raise ValueError(f"batch[{key!r}] must be a [1, {total}] tensor (the padded row of packed_seq_params)")
-        out[key] = value.index_select(1, to_device(host_tensor(index), value.device))
-    return out
+    if cp_size == 1:  # one rank holds everything (documents need not be even: no chunks)
+        return dict(batch)
+    index = _src_index_host(cup, cup, cp_size, cp_rank, True, total // cp_size)
+    return {key: value.index_select(1, to_device(host_tensor(index), value.device)) for key, value in batch.items()}
