@@ -519,3 +519,29 @@ def test_non_finite_host_values_are_refused_where_the_loss_reads_them():
     lp = sp.completion_logprobs(logits, info)
     old = lp.padded.detach().masked_fill(~lp.mask, float("nan"))
     assert torch.isfinite(sp.grpo_token_mean_loss(lp, [1.0, 2.0, 3.0, 4.0], old))
+
+
+@pytest.mark.parametrize("bad", [None, "abc", {"a": 1}, 5, np.int64(5), torch.tensor(5)])
+def test_a_sequence_that_is_not_a_sequence_is_named_at_its_own_index(bad):
+    with pytest.raises(TypeError, match=r"completions\[0\]\[1\] must be a token sequence"):
+        sp.pack_groups([[1]], [[[2], bad]])
+    with pytest.raises(TypeError, match=r"sequences\[1\] must be a token sequence"):
+        sp.build_tree([[1], bad])
+    with pytest.raises(TypeError, match=r"example 0: 'rejected_ids' must be a token sequence|must be a token sequence"):
+        sp.SharedPrefixCollator()([{"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": bad}])
+
+
+def test_collator_refuses_a_batch_that_is_not_a_list_of_examples():
+    for bad in (None, {"prompt_ids": [1]}, "abc"):
+        with pytest.raises(TypeError, match="list of example dicts"):
+            sp.SharedPrefixCollator()(bad)
+    with pytest.raises(ValueError, match="empty list of examples"):
+        sp.SharedPrefixCollator()([])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_an_integer_device_without_cuda_is_named():
+    with pytest.raises(ValueError, match="device=0 \\(a CUDA index\\) but no CUDA device"):
+        sp.pack_groups(P, C, device=0)
+    with pytest.raises(TypeError, match="status must be an int or a 0-d tensor"):
+        sp.status_errors("x")

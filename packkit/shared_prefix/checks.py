@@ -39,6 +39,8 @@ STATUS_ERRORS = {
 
 def status_errors(status) -> list[str]:
     """The messages of the bits set in a shared-prefix status (int or 0-d tensor; one sync for a GPU tensor)."""
+    if not isinstance(status, (numbers.Integral, torch.Tensor)) or isinstance(status, bool):
+        raise TypeError(f"status must be an int or a 0-d tensor (info.status), got {type(status).__name__}")
     code = int(status)
     return [message for bit, message in STATUS_ERRORS.items() if code & bit]
 
@@ -110,6 +112,8 @@ def check_device(device, name: str = "device") -> Optional[torch.device]:
                                                              and not isinstance(device, bool)):
         raise TypeError(f"{name} must be a torch.device, a string such as 'cuda:0' or a CUDA index, got "
                         f"{type(device).__name__} {device!r}")
+    if isinstance(device, numbers.Integral) and not torch.cuda.is_available():  # torch.device(0) is CUDA's
+        raise ValueError(f"{name}={device!r} (a CUDA index) but no CUDA device is available here")
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as exc:

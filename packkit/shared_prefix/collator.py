@@ -48,6 +48,10 @@ class SharedPrefixCollator:
 
     def __call__(self, features: Sequence[dict]):
         """``(batch, info)``: call the model with ``**batch`` and score with ``completion_logprobs(logits, info)``."""
+        if isinstance(features, (dict, str, bytes)) or not hasattr(features, "__iter__"):
+            raise TypeError(f"SharedPrefixCollator takes a list of example dicts (a DataLoader batch), got "
+                            f"{type(features).__name__}")
+        features = list(features)
         if not features:
             raise ValueError("SharedPrefixCollator got an empty list of examples")
         prompts, completions = [], []
@@ -61,20 +65,23 @@ class SharedPrefixCollator:
             missing = self._known - set(f)
             if missing:
                 raise ValueError(f"example {i} lacks {sorted(missing)}")
-            prompts.append(_ids(f[self.prompt_key]))
+            prompts.append(_ids(f[self.prompt_key], i, self.prompt_key))
             if self.completions_key:
                 group = f[self.completions_key]
                 if isinstance(group, (str, bytes, dict)) or not isinstance(group, Sequence):
                     raise TypeError(f"example {i}: {self.completions_key!r} must be a list of token sequences, got "
                                     f"{type(group).__name__}")
-                completions.append([_ids(c) for c in group])
+                completions.append([_ids(c, i, self.completions_key) for c in group])
             else:
-                completions.append([_ids(f[k]) for k in self.completion_keys])
+                completions.append([_ids(f[k], i, k) for k in self.completion_keys])
         return pack_groups(prompts, completions, capacity=self.capacity, device=self.device, attention=self.attention,
                            overlong=self.overlong)
 
 
-def _ids(value):
+def _ids(value, example: int, key: str):
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__"):
+        raise TypeError(f"example {example}: {key!r} must be a token sequence (a list, numpy array or 1-D tensor), "
+                        f"got {type(value).__name__}")
     # A CPU tensor's ints as a list; float / bool tensors stay tensors so pack_groups refuses their dtype.
     if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not (
             value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):

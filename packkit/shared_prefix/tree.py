@@ -102,6 +102,10 @@ TOKEN_DTYPES = (torch.int64, torch.int32)
 def _sequence(value, name: str) -> torch.Tensor:
     """One sequence as a 1-D integer tensor (int32 kept, narrower ints widened to int64); bools and floats
     are refused, never cast. Values are checked by :func:`_refuse_negative` (token ids, not labels)."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") \
+            or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0):
+        raise TypeError(f"{name} must be a token sequence (a list, numpy array or 1-D tensor of ints), got "
+                        f"{type(value).__name__} {value!r:.40}")
     if isinstance(value, (list, tuple)) and bool in set(map(type, value)):
         raise TypeError(f"{name} holds a bool; token ids must be ints")
     flat, _ = flatten_sequences([value], name=name)
