@@ -149,6 +149,17 @@ def test_megatron_roll_tensor_restarts_per_document():
     assert not torch.equal(leaked, out["labels"])
 
 
+def test_megatron_roll_tensor_drifts_once_documents_are_padded():
+    """What docs/megatron.md says: Megatron 0.16.1's packed roll indexes with the unpadded cu_seqlens_q, so with
+    padding (here sequence parallelism, tp = 2) its labels drift; ours stay inside each padded document."""
+    docs = docs_of([5, 3, 7], seed=5)
+    out, params = packed_seq_params(packkit.pack_sequences(docs), tp_size=2, sequence_parallel=True)
+    assert params.cu_seqlens_q.tolist() != params.cu_seqlens_q_padded.tolist()
+    rolled, _ = roll_tensor(out["tokens"].clone(), shifts=-1, dims=-1, packed_seq_params=params)
+    assert not torch.equal(rolled, out["labels"])
+    assert out["labels"][0, :4].tolist() == docs[0][1:].tolist()
+
+
 @pytest.mark.parametrize("cp,tp,sp", [(2, 1, False), (3, 1, False), (4, 1, False), (2, 4, True), (2, 3, True)])
 def test_cp_shards_equal_te_partition(cp, tp, sp):
     lengths = [13, 1, 8, 30, 5]
