@@ -153,8 +153,10 @@ def check_plan_covers(plan, lengths: np.ndarray) -> None:
                          f"sequence {int(seq[j])}, which has {int(lengths[seq[j]])} (the plan keeps "
                          f"{int(expect[seq[j]])}): the plan was made for other lengths")
     covered = np.bincount(seq, weights=length, minlength=n).astype(np.int64) if len(seq) else np.zeros(n, np.int64)
-    if len(seq) > 1:
-        order = np.lexsort((start, seq))
+    # Overlap is only possible between segments of one sequence (split plans): sort just those.
+    multi = np.flatnonzero(np.bincount(seq, minlength=n)[seq] > 1) if len(seq) > 1 else seq[:0]
+    if len(multi):
+        order = multi[np.lexsort((start[multi], seq[multi]))]
         s, b, e = seq[order], start[order], start[order] + length[order]
         overlap = np.flatnonzero((s[1:] == s[:-1]) & (b[1:] < e[:-1]))
         if len(overlap):
