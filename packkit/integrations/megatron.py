@@ -30,8 +30,9 @@ MEGATRON_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 def _packed_seq_params_cls():
     try:
         from megatron.core.packed_seq_params import PackedSeqParams
-    except ImportError as exc:  # pragma: no cover - exercised only without Megatron-Core
-        raise ImportError("packkit.integrations.megatron needs Megatron-Core (pip install 'packkit[megatron]')") from exc
+    except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without Megatron-Core
+        raise ModuleNotFoundError("packkit.integrations.megatron needs Megatron-Core (pip install 'packkit[megatron]')",
+                                  name=exc.name) from exc
     return PackedSeqParams
 
 

@@ -19,8 +19,9 @@ from .stream import BalancedDocumentStream
 
 try:
     from torchtitan.components.dataloader import ParallelAwareDataloader
-except ImportError as exc:  # pragma: no cover - exercised only without torchtitan
-    raise ImportError("packkit.integrations.torchtitan needs torchtitan (pip install 'packkit[torchtitan]')") from exc
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without torchtitan
+    raise ModuleNotFoundError("packkit.integrations.torchtitan needs torchtitan (pip install 'packkit[torchtitan]')",
+                              name=exc.name) from exc
 
 
 def _load_source(config) -> Any:
