@@ -6,6 +6,7 @@ so a check that refused everything, or nothing, fails here.
 """
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -545,3 +546,39 @@ def test_an_integer_device_without_cuda_is_named():
         sp.pack_groups(P, C, device=0)
     with pytest.raises(TypeError, match="status must be an int or a 0-d tensor"):
         sp.status_errors("x")
+
+
+def test_narrow_integer_rollout_ids_are_widened():
+    ids, mask, uids = grpo_rollouts()
+    want, _ = sp.pack_rollout_groups(ids, mask, uids, [0, 1, 2], prompt_length=PROMPT)
+    got, info = sp.pack_rollout_groups(ids.to(torch.uint8), mask, uids, [0, 1, 2], prompt_length=PROMPT)
+    assert got["input_ids"].tolist() == want["input_ids"].tolist() and int(info.status) == 0
+
+
+group_st = st.lists(st.tuples(st.lists(st.integers(0, 50), max_size=4),
+                              st.lists(st.lists(st.integers(0, 50), max_size=4), min_size=1, max_size=3)),
+                    min_size=1, max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(group_st, st.data())
+def test_one_negative_id_anywhere_is_refused_at_its_own_index(groups, data):
+    prompts = [p for p, _ in groups]
+    completions = [c for _, c in groups]
+    sp.pack_groups(prompts, completions)  # control: all ids >= 0
+    slots = [("prompts", g, None, i) for g, p in enumerate(prompts) for i in range(len(p))]
+    slots += [("completions", g, j, i) for g, cs in enumerate(completions) for j, c in enumerate(cs)
+              for i in range(len(c))]
+    if not slots:
+        return
+    kind, g, j, i = data.draw(st.sampled_from(slots))
+    value = data.draw(st.integers(-(2**40), -1))
+    if kind == "prompts":
+        prompts[g] = prompts[g][:i] + [value] + prompts[g][i + 1:]
+        where = f"prompts[{g}][{i}]"
+    else:
+        completions[g] = [list(c) for c in completions[g]]
+        completions[g][j][i] = value
+        where = f"completions[{g}][{j}][{i}]"
+    with pytest.raises(ValueError, match=rf"^{re.escape(where)} is {value}: token ids"):
+        sp.pack_groups(prompts, completions)

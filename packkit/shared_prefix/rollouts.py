@@ -70,6 +70,8 @@ def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, g
         raise TypeError(f"input_ids must be a [batch, seq_len] tensor, got {_what(input_ids)}")
     if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
         raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.dtype not in (torch.int64, torch.int32):  # uint8 / int16 ids: exact in int64, which the op reads
+        input_ids = input_ids.to(torch.int64)
     if not isinstance(attention_mask, torch.Tensor):
         raise TypeError(f"attention_mask must be a [batch, seq_len] tensor of 0 and 1, got {_what(attention_mask)}")
     if attention_mask.is_complex():
