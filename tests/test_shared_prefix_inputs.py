@@ -582,3 +582,22 @@ def test_one_negative_id_anywhere_is_refused_at_its_own_index(groups, data):
         where = f"completions[{g}][{j}][{i}]"
     with pytest.raises(ValueError, match=rf"^{re.escape(where)} is {value}: token ids"):
         sp.pack_groups(prompts, completions)
+
+
+@settings(max_examples=80, deadline=None)
+@given(group_st, st.sampled_from(["parent", "length", "src", "seq_node", "score_start", "seq_group"]), st.data())
+def test_a_corrupted_forest_is_refused_or_packs_never_crashes(groups, field, data):
+    forest = sp.groups_forest([p for p, _ in groups], [c for _, c in groups])
+    values = getattr(forest, field).copy()
+    if len(values) == 0:
+        return
+    values[data.draw(st.integers(0, len(values) - 1))] = data.draw(st.integers(-3, forest.num_nodes + 8))
+    bad = forest._replace(**{field: values})
+    try:
+        batch, info = sp.pack_tree(bad, capacity=data.draw(st.sampled_from([None, 64])))
+    except (ValueError, TypeError):
+        return  # refused by name
+    # Accepted: every sequence still reads back exactly its own tokens at its packed positions.
+    flat = batch["input_ids"].reshape(-1)
+    for s in range(bad.num_sequences):
+        assert flat[torch.from_numpy(info.layout.seq_positions[s])].tolist() == bad.sequence_tokens(s).tolist()
