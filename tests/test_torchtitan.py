@@ -344,3 +344,15 @@ def test_iterable_source_is_scanned_once_per_pass_and_resumes():
     second = BalancedDocumentStream(OnlyIterable(docs), **kw)
     second.load_state_dict(first.state_dict())
     assert rows_of(head) + rows_of(second) == full
+
+
+def test_many_ranks_get_full_rows_from_a_small_buffer():
+    """buffer_size=8 documents for 16 ranks x 4 rows: the buffer grows to 4 steps of tokens, so the steps before
+    the last are full (a buffer of 8 documents would leave 56 of every step's 64 rows empty)."""
+    docs = random_docs(np.random.default_rng(7).integers(20, 120, 3000))
+    kw = dict(seq_len=256, local_batch_size=4, dp_world_size=16, buffer_size=8)
+    ranks = [rows_of(BalancedDocumentStream(docs, dp_rank=r, **kw)) for r in range(16)]
+    steps = len(ranks[0]) // 4
+    fill = [sum(sum(x != IGNORE for x in row[2]) for rank in ranks for row in rank[4 * s:4 * s + 4]) / (64 * 256)
+            for s in range(steps)]
+    assert min(fill[:-1]) > 0.9, fill

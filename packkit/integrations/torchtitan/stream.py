@@ -28,6 +28,7 @@ from ...training.sampler.args import cost_tag
 
 OVERLONG = ("split", "drop", "error")
 STATE_VERSION = 1
+MIN_BUFFER_STEPS = 4  # a buffer holds at least this many steps of tokens (part of the state's plan key)
 _STAT_KEYS = ("documents", "pieces", "split", "dropped", "zero_length", "steps", "rows", "tokens")
 
 
@@ -72,7 +73,8 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             (str / dicts with ``text_key``; needs ``tokenizer``). Indexable sources are read by index on resume.
         seq_len, local_batch_size: tokens per row (L) and rows per rank per step (B).
         dp_rank, dp_world_size: this rank and the number of data-parallel ranks (all read the whole source).
-        buffer_size: documents (pieces) planned together.
+        buffer_size: documents (pieces) planned together; a buffer also holds at least 4 steps of tokens
+            (``4 * dp_world_size * local_batch_size * seq_len``), so many ranks still get full rows.
         cost: the balance cost, as ``packkit.plan(cost=)``: ``"tokens"``, ``"attention"`` or ``(a, b)`` for
             ``a*l + b*l**2`` (:func:`packkit.integrations.torchtitan.torchtitan_cost` of the model's config).
         overlong: a document with more than ``seq_len`` input tokens is ``"split"`` into ``seq_len`` pieces
@@ -121,7 +123,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         make_plan([1], self.seq_len, algorithm="ogbfd", dp_size=self.dp_world_size * self.local_batch_size,
                   cost=cost)  # a bad cost fails here, named by the planner, not at the first step
         # What the plans depend on besides the geometry: a resume replans its buffer, so these must match.
-        self._plan_key = {"buffer_size": self.buffer_size, "overlong": self.overlong,
+        self._plan_key = {"buffer_size": self.buffer_size, "min_steps": MIN_BUFFER_STEPS, "overlong": self.overlong,
                           "cost": cost_tag(cost, np.arange(1, self.seq_len + 1)),
                           "carry_threshold": self.carry_threshold, "max_carries": self.max_carries}
         self._state = self._fresh_state(0)
@@ -263,13 +265,17 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         while True:
             pool, ages = [p for p, _ in carried], [a for _, a in carried]
             next_start, exhausted = st["buffer_start"], False
-            while len(pool) < self.buffer_size:
+            tokens = sum(len(p[2]) - 1 for p in pool)
+            # At least buffer_size pieces and MIN_BUFFER_STEPS steps' worth of tokens: with many ranks a buffer of
+            # few documents would leave most rows of its one step empty.
+            while len(pool) < self.buffer_size or tokens < MIN_BUFFER_STEPS * per_step * self.seq_len:
                 nxt = next(fresh, None)
                 if nxt is None:
                     exhausted = True
                     break
                 pieces = self._pieces(*nxt, True)
                 pool += pieces
+                tokens += sum(len(p[2]) - 1 for p in pieces)
                 ages += [0] * len(pieces)
                 next_start = nxt[0] + 1
             if not pool:
