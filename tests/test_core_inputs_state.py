@@ -105,15 +105,25 @@ BIG = 10**9
     lambda: pack_sequences([[1, 2]], row_len=BIG),
     lambda: pack_sequences([[1, 2]], plan=packkit.plan([2], 2), layout="padded", row_len=2, num_rows=BIG),
     lambda: PackingCollator(pad_to_multiple_of=BIG)([{"input_ids": [1, 2]}]),
-    lambda: PackingCollator(BIG, layout="padded")([{"input_ids": [1, 2]}]),
-    lambda: PackingCollator(2**20, layout="padded", num_rows=2**10)([{"input_ids": [1, 2]}]),
-    lambda: next(iter(PackedIterableDataset(EXAMPLES, BIG))),
+    lambda: PackingCollator(BIG, layout="padded", pad_to_capacity=False, pad_to_multiple_of=BIG)([{"input_ids": [1]}]),
+    lambda: PackingCollator(8, layout="padded", num_rows=2**25, pad_to_capacity=False)([{"input_ids": [1, 2]}]),
     lambda: packkit.unpack_sequences(torch.zeros(1, 2), pack_sequences([[1, 2]], return_info=True)[1], padded=True,
                                      max_len=BIG),
-], ids=["capacity", "row_len", "num_rows", "pad_to_multiple_of", "collator-capacity", "static-rows", "streaming",
+], ids=["capacity", "row_len", "num_rows", "pad_to_multiple_of", "collator-capacity", "static-rows",
         "unpack-max_len"])
 def test_padding_out_of_proportion_is_refused_before_allocating(call):
     with pytest.raises(ValueError, match="refuses more than"):
+        call()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: PackingCollator(BIG, layout="padded"),
+    lambda: PackingCollator(2**20, layout="padded", num_rows=2**10),
+    lambda: PackedIterableDataset(EXAMPLES, BIG),
+    lambda: PackedIterableDataset(EXAMPLES, 2**20, rows_per_item=2**6),
+])
+def test_static_shapes_that_a_small_batch_would_fail_are_refused_at_construction(call):
+    with pytest.raises(ValueError, match="would be refused as padding out of proportion"):
         call()
 
 

@@ -125,6 +125,15 @@ def check_padding(out_tokens: int, real_tokens: int, what: str) -> None:
                          f"row_len, capacity, max_len or pad_to_multiple_of far larger than the data)")
 
 
+def check_static_shape(rows: int, row_len: int, what: str) -> None:
+    """A fixed ``[rows, row_len]`` shape a loader pads every batch to must pass :func:`check_padding` even for a
+    nearly empty batch (an epoch's last one): refuse it at construction, not hours into training."""
+    if rows * row_len > MAX_PADDING_TOKENS:
+        raise ValueError(f"{what} = {rows} x {row_len} = {rows * row_len} tokens per batch; a batch with few real "
+                         f"tokens (the last of an epoch) would be refused as padding out of proportion: at most "
+                         f"{MAX_PADDING_TOKENS} tokens")
+
+
 def check_plan_covers(plan, lengths: np.ndarray) -> None:
     """ValueError unless ``plan`` was made for these ``lengths``: every segment lies inside its sequence, a
     sequence's segments do not overlap, and together they cover what the plan says it keeps of it (all of

@@ -16,7 +16,8 @@ import torch
 
 from ..context_parallel import cp_plan_multiple, pack_context_parallel, parse_context_parallel, shard_context_parallel
 from ..context_parallel.shard import CP_OUTPUT_KEYS, check_cp_capacity
-from ..packing.checks import as_device, check_bool, check_fill, check_pack_scalars, check_separator, integer_tokens
+from ..packing.checks import (as_device, check_bool, check_fill, check_pack_scalars, check_separator,
+                              check_static_shape, integer_tokens)
 from ..packing.buffers import PackBuffers
 from ..packing.fields import check_pad_values, check_policy, prepare_fields
 from ..packing.multimodal import mrope_spec
@@ -109,6 +110,8 @@ class PackingCollator:
             raise ValueError("layout='padded' needs capacity (the row length)")
         if num_rows is not None and layout != "padded":
             raise ValueError("num_rows applies to layout='padded' only")
+        if layout == "padded" and pad_to_capacity:
+            check_static_shape(num_rows or 1, capacity, "num_rows x capacity")
         self.capacity, self.layout, self.algorithm, self.overlong = capacity, layout, algorithm, overlong
         self.num_rows, self.pad_to_multiple_of, self.pad_to_capacity = num_rows, pad_to_multiple_of, pad_to_capacity
         pad_token_id, ignore_index, position_ids_start, _ = check_pack_scalars(pad_token_id, ignore_index,

@@ -14,7 +14,7 @@ import torch.utils.data
 
 from ...context_parallel import cp_plan_multiple, parse_context_parallel
 from ...context_parallel.shard import check_cp_capacity
-from ...packing.checks import check_bool, check_pack_scalars
+from ...packing.checks import check_bool, check_pack_scalars, check_static_shape
 from ...packing.fields import check_pad_values, check_policy
 from ...packing.multimodal import mrope_spec
 from ...packing.multimodal.mrope import check_mrope_start
@@ -94,6 +94,8 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         check_layout(layout)
         self.algorithm, self.overlong, self.layout = algorithm, overlong, layout
         self.rows_per_item = None if rows_per_item is None else _as_count(rows_per_item, "rows_per_item")
+        if layout == "padded":
+            check_static_shape(self.rows_per_item or 1, self.capacity, "rows_per_item x capacity")
         if (self.rows_per_item or 1) * self.capacity >= 2**31:
             raise ValueError(f"rows_per_item * capacity must be < 2**31 (int32 cu_seqlens), got "
                              f"{self.rows_per_item or 1} * {self.capacity}")
