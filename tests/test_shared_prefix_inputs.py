@@ -102,10 +102,11 @@ def test_grpo_loss_refuses_bad_clip_eps(clip_eps):
 # --- allocation bounded by the tokens ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs", [{"capacity": 10**8}, {"capacity": 16, "dp_size": 2**24},
-                                    {"capacity": 16, "dp_size": 10**6}, {"capacity": 2**21, "dp_size": 4}])
+                                    {"capacity": 16, "dp_size": 10**6}, {"capacity": 2**21, "dp_size": 4},
+                                    {"capacity": 4, "dp_size": 2**20}])
 def test_allocation_out_of_proportion_to_the_tokens_is_refused_at_once(kwargs):
     start = time.perf_counter()
-    with pytest.raises(ValueError, match="token slots .* for 11 tokens"):
+    with pytest.raises(ValueError, match="(token slots|rows) .*for 11 tokens"):
         sp.pack_groups(P, C, **kwargs)
     assert time.perf_counter() - start < 1.0  # refused before planning or allocating
 
@@ -138,8 +139,12 @@ def test_hand_made_tree_plan_with_too_many_rows_is_refused():
     forest = sp.groups_forest(P, C)
     good = sp.plan_trees(forest, 64)
     bad = good._replace(rows=list(good.rows) + [np.zeros(0, np.int64)] * (2 * PAD_SLOTS_FLOOR // 64))
-    with pytest.raises(ValueError, match="token slots"):
+    with pytest.raises(ValueError, match="rows for 11 tokens"):
         sp.pack_forest(bad)
+    wide = sp.plan_trees(forest, PAD_SLOTS_FLOOR // 2)
+    wide = wide._replace(rows=list(wide.rows) + [np.zeros(0, np.int64)] * 2)
+    with pytest.raises(ValueError, match="3 rows of capacity=2097152 would allocate 6,291,456 token slots"):
+        sp.pack_forest(wide)
     twice = good._replace(rows=list(good.rows) + list(good.rows))
     with pytest.raises(ValueError, match="name each of the forest's 2 roots exactly once"):
         sp.pack_forest(twice)

@@ -25,6 +25,9 @@ from .tree import TOKEN_DTYPES, PrefixForest
 # of 65,536 still fit the floor; a real plan fills > 1/4 of its slots even with a last step of empty ranks).
 PAD_SLOTS_FLOOR = 1 << 22
 PAD_SLOTS_PER_TOKEN = 4
+# Rows cost host work each (plan bins, layout); a non-empty row holds a token, so only dp_size's idle-rank rows can
+# outnumber the tokens: at most max(ROWS_FLOOR, tokens) rows (dp_size=2**20 at capacity 4 took 6 s and 1 GB).
+ROWS_FLOOR = 1 << 16
 # logits / temperature must stay finite: below this, fp32 logits of ~1e3 overflow towards inf and give NaN.
 MIN_TEMPERATURE = 1e-6
 OVERLONG = ("error", "truncate")
@@ -85,8 +88,12 @@ def check_cost(cost) -> None:
     _cost_model(cost)
 
 
-def check_allocation(slots: int, tokens: int, what: str) -> None:
-    """Refuse a batch of ``slots`` token slots (rows x row_len) out of proportion to its ``tokens``."""
+def check_allocation(slots: int, tokens: int, what: str, rows: int = 1) -> None:
+    """Refuse a batch of ``slots`` token slots (rows x row_len), or of ``rows`` rows, out of proportion to its
+    ``tokens``."""
+    if rows > max(ROWS_FLOOR, int(tokens)):
+        raise ValueError(f"{what} would make {rows:,} rows for {int(tokens):,} tokens; at most max({ROWS_FLOOR:,}, "
+                         "tokens) are allowed (lower dp_size)")
     allowed = max(PAD_SLOTS_FLOOR, PAD_SLOTS_PER_TOKEN * int(tokens))
     if slots > allowed:
         raise ValueError(f"{what} would allocate {slots:,} token slots per batch tensor for {int(tokens):,} tokens; "

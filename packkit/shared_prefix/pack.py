@@ -92,7 +92,8 @@ def pack_forest(tree_plan: TreePlan, *, device=None, backend: str = "auto", atte
     rows = _check_rows(tree_plan.rows, forest)
     tokens_total = int(forest.length.sum())
     check_allocation(len(rows) * (tokens_total if capacity is None else capacity), tokens_total,
-                     f"{len(rows)} rows of {'the tree tokens' if capacity is None else f'capacity={capacity}'}")
+                     f"{len(rows)} rows of {'the tree tokens' if capacity is None else f'capacity={capacity}'}",
+                     rows=len(rows))
     max_token_id = _check_host_tokens(forest, pad_id)
     layout = tree_layout(forest, rows, capacity)
     m = len(layout.order)
@@ -189,8 +190,8 @@ def pack_groups(prompts, completions, *, capacity: Optional[int] = None, labels=
 
     Every argument is checked before anything is planned or allocated (``docs/shared_prefix.md``, "Argument
     rules"): token ids must be ints >= 0; a batch may not hold more than ``max(2**22, 4 x tokens)`` token
-    slots (rows x row length); ``prompts == completions == []`` gives an empty batch (``[1, 0]``; ``[0, capacity]``
-    with capacity).
+    slots (rows x row length) nor ``max(2**16, tokens)`` rows; ``prompts == completions == []`` gives an empty
+    batch (``[1, 0]``; ``[0, capacity]`` with capacity).
 
     Returns ``(batch, info)``: ``batch`` has ``input_ids`` and ``position_ids`` ``[R, S]`` (a completion's
     positions continue from its prompt's length, exactly as it would have alone) and ``shared_prefix`` (the

@@ -194,7 +194,8 @@ def plan_trees(forest: PrefixForest, capacity: Optional[int] = None, *, algorith
         report = SplitReport(forest, {}, {}, 0)
         return TreePlan(forest, [forest.roots()], None, report)
     # Before planning: dp_size rows of capacity is the least a plan with tokens allocates.
-    check_allocation(capacity * dp_size, int(forest.length.sum()), f"capacity={capacity} x dp_size={dp_size}")
+    check_allocation(capacity * dp_size, int(forest.length.sum()), f"capacity={capacity} x dp_size={dp_size}",
+                     rows=dp_size)
     report = _split_oversized(forest, capacity, overlong)
     f = report.forest
     roots = f.roots()
@@ -215,7 +216,8 @@ def plan_trees(forest: PrefixForest, capacity: Optional[int] = None, *, algorith
         if not rows:
             rows = [np.zeros(0, np.int64)]
         rows[0] = np.concatenate([rows[0], roots[zero]])
-    check_allocation(len(rows) * capacity, int(f.length.sum()), f"the plan's {len(rows)} rows of capacity={capacity}")
+    check_allocation(len(rows) * capacity, int(f.length.sum()), f"the plan's {len(rows)} rows of capacity={capacity}",
+                     rows=len(rows))
     return TreePlan(f, rows, planned, report)
 
 
