@@ -135,7 +135,8 @@ def test_thd_rope_restarts_per_document(cp):
         alone = _apply_rotary_pos_emb_bshd(t[s:s + n].unsqueeze(1), freqs[:n])
         torch.testing.assert_close(got[s:s + n], alone.squeeze(1))
     freqs_row = rope_freqs(total, dim)
-    one = _apply_rotary_pos_emb_thd(t, torch.tensor([0, total], dtype=torch.int32), freqs_row, cp_group=one_rank_group())
+    whole_row = torch.tensor([0, total], dtype=torch.int32)
+    one = _apply_rotary_pos_emb_thd(t, whole_row, freqs_row, cp_group=one_rank_group())
     assert not torch.allclose(one[cup[1]:cup[1] + lengths[1]], got[cup[1]:cup[1] + lengths[1]])
 
 

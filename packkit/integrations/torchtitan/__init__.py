@@ -1,7 +1,7 @@
 """torchtitan 0.3 drop-in: a dataloader of best-fit packed rows (no document cut at row ends), every step
 balanced across the data-parallel ranks, resumable exactly per rank.
 
-* :class:`BalancedDocumentStream` (``stream.py``, no torchtitan import): the stream of ``({"input",
+* :class:`BalancedDocumentStream` (``stream.py`` + ``documents.py``, no torchtitan import): the stream of ``({"input",
   "positions"}, labels)`` batches.
 * :class:`PackkitDataLoader` and :func:`torchtitan_cost` (``loader.py``): torchtitan's ``BaseDataLoader``
   config/loader and the balance cost of a torchtitan model config; these import torchtitan on first use

@@ -15,7 +15,7 @@ planner is deterministic) and the yielded steps skipped, so the stream after a r
 from __future__ import annotations
 
 import numbers
-from typing import Iterator, Optional
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -25,43 +25,12 @@ from ...packing.checks import check_bool, check_int
 from ...planning.cost_model import transformer_cost
 from ...planning.planner import plan as make_plan
 from ...training.sampler.args import cost_tag
+from .documents import tokens_of
 
 OVERLONG = ("split", "drop", "error")
 STATE_VERSION = 1
 MIN_BUFFER_STEPS = 4  # a buffer holds at least this many steps of tokens (part of the state's plan key)
 _STAT_KEYS = ("documents", "pieces", "split", "dropped", "zero_length", "steps", "rows", "tokens")
-
-
-def _tokens_of(example, position: int, tokenizer, input_key: str, text_key: str) -> np.ndarray:
-    """An example's token ids: a token sequence, a dict with ``input_key`` ids, or text (a str, or a dict with
-    ``text_key``) encoded by torchtitan's tokenizer with BOS and EOS, as its own dataset does."""
-    text = None
-    if isinstance(example, str):
-        text = example
-    elif isinstance(example, dict):
-        if input_key in example:
-            example = example[input_key]
-        elif text_key in example:
-            text = example[text_key]
-        else:
-            raise ValueError(f"example at source position {position} has neither {input_key!r} nor {text_key!r} "
-                             f"(keys: {sorted(example)[:8]})")
-    if text is not None:
-        if tokenizer is None:
-            raise ValueError(f"example at source position {position} is text but no tokenizer was given")
-        example = tokenizer.encode(text, add_bos=True, add_eos=True)
-    if isinstance(example, torch.Tensor):
-        if example.dtype.is_floating_point or example.dtype == torch.bool or example.dim() != 1:
-            raise TypeError(f"example at source position {position}: token ids must be a 1-D integer tensor, got "
-                            f"{example.dtype} of shape {tuple(example.shape)}")
-        return example.to("cpu", torch.int64).numpy()
-    arr = np.asarray(example)
-    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise TypeError(f"example at source position {position}: token ids must be a 1-D sequence of ints, got "
-                        f"{arr.dtype} of shape {arr.shape}")
-    if arr.size and arr.min() < 0:
-        raise ValueError(f"example at source position {position} has a negative token id ({int(arr.min())})")
-    return arr.astype(np.int64, copy=False)
 
 
 class BalancedDocumentStream(torch.utils.data.IterableDataset):
@@ -158,9 +127,11 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
                 raise ValueError(f"state[{key!r}] must be a non-negative int, got {v!r}")
         carry = state.get("carry")
-        if not isinstance(carry, list) or any(len(c) != 3 or any(isinstance(x, bool) or not isinstance(x, numbers.Integral)
-                                                                 or x < 0 for x in c)
-                                              or c[0] >= state["buffer_start"] for c in carry):
+        def bad(entry) -> bool:
+            return (not isinstance(entry, (list, tuple)) or len(entry) != 3 or entry[0] >= state["buffer_start"]
+                    or any(isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0 for x in entry))
+
+        if not isinstance(carry, list) or any(bad(c) for c in carry):
             raise ValueError("state['carry'] must list [position, piece, times] of positions before buffer_start")
         self._state = {**state, "carry": [list(c) for c in carry], "plan": dict(self._plan_key)}
 
@@ -196,7 +167,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
 
     def _pieces(self, position: int, example, count: bool) -> list:
         """(position, piece, window) of a document: ``window[:-1]`` are the inputs, ``window[1:]`` the labels."""
-        t = _tokens_of(example, position, self.tokenizer, self.input_key, self.text_key)
+        t = tokens_of(example, position, self.tokenizer, self.input_key, self.text_key)
         m, L = len(t) - 1, self.seq_len
         stats = self.stats if count else dict.fromkeys(_STAT_KEYS, 0)
         stats["documents"] += 1
