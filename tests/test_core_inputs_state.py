@@ -155,6 +155,7 @@ def _unpack_int(pad_value):
     (lambda: PackingCollator(return_num_items="yes"), TypeError, "return_num_items"),
     (lambda: PackingCollator(device="bogus"), ValueError, "device='bogus'"),
     (lambda: pack_sequences(torch.tensor([1, 2, 3]), [4, -1]), ValueError, "lengths must be >= 0"),
+    (lambda: pack_sequences([[1, 2], [3]], lengths=[2, 1]), TypeError, "with lengths=, pass all tokens as one flat"),
     (lambda: packkit.unpack_sequences(torch.zeros(1, 2), {}), TypeError, "PackInfo"),
     (lambda: packkit.unpack_sequences([[0.0, 0.0]], pack_sequences([[1, 2]], return_info=True)[1]), TypeError,
      "must be a tensor"),

@@ -117,7 +117,11 @@ def _check_batch_size(rows: int, row_len: int) -> None:
 def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
     """(flat 1-D tensor, int64 numpy lengths) from a list of sequences or a flat tensor + lengths."""
     if lengths is not None:
-        flat = torch.as_tensor(sequences)
+        try:
+            flat = torch.as_tensor(sequences)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise TypeError(f"{name}: with lengths=, pass all tokens as one flat tensor or array (or a list of "
+                            f"sequences without lengths=); got {type(sequences).__name__} ({exc})") from None
         if flat.dim() < 1:
             raise ValueError(f"{name}: a flat source must be at least 1-D, got a scalar")
         lengths = as_lengths(lengths)
