@@ -124,3 +124,7 @@ refuses("integrations.verl.balance_batch", "attention_mask holding 2", "other th
     lambda: _verl().balance_batch(_verl_dataproto(2), 2, 64))
 accepts("integrations.verl.rearrange_micro_batches", "a 0/1 mask", lambda r: sorted(sum(r[1], [])) == [0, 1, 2, 3])(
     lambda: _verl().rearrange_micro_batches(_verl_batch(), 16))
+refuses("plan", "cost callable whose row sums overflow", "overflow float64")(
+    lambda: packkit.plan([3, 4, 5, 6], 10, dp_size=2, cost=lambda x: np.full(len(x), 1e308)))
+refuses("plan", "cost pair whose row sums overflow", "overflow float64")(
+    lambda: packkit.plan([3, 4, 5, 6], 10, dp_size=2, cost=(1e308, 1e308)))

@@ -367,6 +367,9 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
         raise ValueError("lengths must fit in int64 after padding")
     planned = array if m == 1 else (array + m - 1) // m * m
     raw = _planner.plan(planned, capacity, algorithm, overlong, dp_size, a, b, cost_fn)
+    if not np.all(np.isfinite(raw["rank_costs"])):  # finite item costs can still sum past float64 (NaN balance)
+        raise ValueError("the cost model's per-row costs overflow float64 (each item's cost is finite, their sums "
+                         "are not); scale the cost down, e.g. divide (a, b) or the callable's values by a constant")
     if m > 1:
         raw = _unpad_segments(raw, array)
     return Plan(raw, capacity=capacity, algorithm=algorithm, overlong=overlong, dp_size=dp_size,
