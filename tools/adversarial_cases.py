@@ -128,3 +128,70 @@ refuses("plan", "cost callable whose row sums overflow", "overflow float64")(
     lambda: packkit.plan([3, 4, 5, 6], 10, dp_size=2, cost=lambda x: np.full(len(x), 1e308)))
 refuses("plan", "cost pair whose row sums overflow", "overflow float64")(
     lambda: packkit.plan([3, 4, 5, 6], 10, dp_size=2, cost=(1e308, 1e308)))
+
+
+# -- packkit.shared_prefix (issue 39 §1) ----------------------------------------------------------------------------
+def _sp():
+    import packkit.shared_prefix as sp
+
+    return sp
+
+
+_PROMPTS, _COMPLETIONS = [[1, 2, 3], [4, 5]], [[[6, 7], [8]], [[9], [10, 11]]]
+
+
+def _sp_logprobs():
+    sp = _sp()
+    batch, info = sp.pack_groups(_PROMPTS, _COMPLETIONS)
+    logits = torch.randn(1, batch["input_ids"].shape[1], 20, dtype=torch.float64)
+    return sp.completion_logprobs(logits, info), batch, info
+
+
+refuses("shared_prefix.pack_tree", "a PrefixForest with score_from", "score_from")(
+    lambda: _sp().pack_tree(_sp().build_tree([[1, 2, 3], [1, 2, 4]]), score_from=[1, 1]))
+refuses("shared_prefix.grpo_token_mean_loss", "advantages [1, W] when N == W", "advantages must have shape")(
+    lambda: _sp().grpo_token_mean_loss(_sp_logprobs()[0], torch.ones(1, 2)))
+refuses("shared_prefix.pack_groups", "capacity=10**8 for 11 tokens", "would allocate")(
+    lambda: _sp().pack_groups(_PROMPTS, _COMPLETIONS, capacity=10**8))
+refuses("shared_prefix.pack_groups", "dp_size=2**24", "rows for 11 tokens")(
+    lambda: _sp().pack_groups(_PROMPTS, _COMPLETIONS, capacity=8, dp_size=2**24))
+refuses("shared_prefix.pack_groups", "dp_size=0 without capacity", "dp_size must be a positive integer")(
+    lambda: _sp().pack_groups(_PROMPTS, _COMPLETIONS, dp_size=0))
+refuses("shared_prefix.pack_groups", "algorithm='nope' without capacity", "unknown algorithm")(
+    lambda: _sp().pack_groups(_PROMPTS, _COMPLETIONS, algorithm="nope"))
+refuses("shared_prefix.pack_groups", "a negative token id", "must be >= 0")(
+    lambda: _sp().pack_groups([[1, -2]], [[[3]]]))
+refuses("shared_prefix.pack_groups", "pad_id=2**70", "pad_id must be a token id")(
+    lambda: _sp().pack_groups(_PROMPTS, _COMPLETIONS, pad_id=2**70))
+accepts("shared_prefix.pack_groups", "no groups: an empty batch", lambda r: r[0]["input_ids"].shape == (1, 0))(
+    lambda: _sp().pack_groups([], []))
+refuses("shared_prefix.completion_logprobs", "logits narrower than the token ids", "vocabulary of 5")(
+    lambda: _sp().completion_logprobs(torch.randn(1, _sp_logprobs()[1]["input_ids"].shape[1], 5), _sp_logprobs()[2]))
+refuses("shared_prefix.completion_logprobs", "integer logits", "must be a floating tensor")(
+    lambda: _sp().completion_logprobs(torch.ones(1, _sp_logprobs()[1]["input_ids"].shape[1], 20, dtype=torch.int64),
+                                      _sp_logprobs()[2]))
+refuses("shared_prefix.completion_logprobs", "temperature=inf", "temperature must be finite")(
+    lambda: _sp().completion_logprobs(torch.randn(1, _sp_logprobs()[1]["input_ids"].shape[1], 20), _sp_logprobs()[2],
+                                      temperature=float("inf")))
+
+
+# -- pack_sequences, PackingCollator, context parallel (issue 39 §2) ------------------------------------------------
+refuses("pack_sequences", "a plan made for other lengths", "made for other lengths")(
+    lambda: packkit.pack_sequences([[1, 2, 3, 31, 32], [4, 5], [6, 7, 8, 9]], plan=packkit.plan([3, 2, 4], 10)))
+refuses("pack_sequences", "a field named labels", "would overwrite")(
+    lambda: packkit.pack_sequences([[1, 2], [3]], capacity=4, layout="padded", fields={"labels": [[1, 2], [3]]}))
+refuses("pack_sequences", "a negative token id", "negative token id")(
+    lambda: packkit.pack_sequences([[1, -2]], capacity=4))
+refuses("pack_sequences", "pad_token_id=-1", "pad_token_id must be >= 0")(
+    lambda: packkit.pack_sequences([[1, 2]], capacity=4, pad_token_id=-1))
+refuses("pack_sequences", "capacity=10**9 for 3 tokens", "padding|pad")(
+    lambda: packkit.pack_sequences([[1, 2], [3]], capacity=10**9, layout="padded"))
+refuses("PackingCollator", "label_key='target' beside a stale labels column", "would overwrite")(
+    lambda: packkit.PackingCollator(8, label_key="target")([{"input_ids": [1, 2], "target": [1, 2], "labels": [5, 5]}]))
+refuses("shard_context_parallel", "lengths= that disagree with the batch", "cu_seq_lens_q")(
+    lambda: packkit.shard_context_parallel(packkit.pack_sequences([list(range(1, 8)), [1, 2, 3], list(range(1, 12))],
+                                                                  capacity=32), 2, 0, lengths=[10, 11]))
+accepts("PackingCollator", "num_items_in_batch = the shifted targets (flat, separator)",
+        lambda b: int(b["num_items_in_batch"]) == int((b["labels"][..., 1:] != -100).sum()))(
+    lambda: packkit.PackingCollator(16, separator_id=7, return_num_items=True)(
+        [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}, {"input_ids": [6, 7, 8, 9]}]))
