@@ -1,13 +1,18 @@
 """Regenerate the model-zoo tables in docs/reliability.md from the suite's own cases (tests/model_zoo.py).
 
     python tools/model_zoo_table.py            # the suite's architectures: the table the suite checks
-    python tools/model_zoo_table.py --survey   # every other model type of transformers' causal-LM mapping too
-                                               # (minutes; its table is not checked by the suite)
+    python tools/model_zoo_table.py --survey [--store FILE.jsonl]
+        # every other model type of transformers' causal-LM mapping (minutes; its table is not checked by the
+        # suite); --store keeps each outcome as found, and a rerun resumes from it (--stored-only: render
+        # what the store holds, run nothing)
     python tools/model_zoo_table.py --check    # exit 1 if the committed suite table differs
 """
 from __future__ import annotations
 
+import gc
+import json
 import pathlib
+import resource
 import signal
 import sys
 import traceback
@@ -19,6 +24,7 @@ import model_zoo as zoo  # noqa: E402
 import model_zoo_cases as cases  # noqa: E402
 
 SECONDS = 60  # per surveyed architecture (SIGALRM)
+LIMIT_BYTES = 12 << 30  # address space of a survey run
 SURVEY = ("<!-- model-zoo-survey: begin (tools/model_zoo_table.py --survey) -->", "<!-- model-zoo-survey: end -->")
 
 
@@ -49,41 +55,85 @@ def _timeout(signum, frame):
     raise TimeoutError
 
 
-def survey() -> str:
-    signal.signal(signal.SIGALRM, _timeout)
+def _record(store, entry: dict) -> None:
+    if store is not None:
+        with open(store, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def survey(store=None, run_new: bool = True) -> str:
+    """Every model type of the causal-LM mapping not in the suite. ``store``: a JSON Lines file that keeps each
+    architecture's outcome as it is found, so a run that dies (a model too big for the machine) resumes."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    signal.signal(signal.SIGALRM, _timeout)
+    resource.setrlimit(resource.RLIMIT_AS, (LIMIT_BYTES, LIMIT_BYTES))  # a MemoryError, not the OOM killer
+    done = {}
+    if store is not None and pathlib.Path(store).exists():
+        for line in pathlib.Path(store).read_text().splitlines():
+            entry = json.loads(line)
+            done.setdefault(entry["model_type"], []).append(entry)
     suite = {spec.get("model_type", name) for name, spec in zoo.ARCHITECTURES.items()}
-    skipped, failed, results, names = [], [], {}, []
     for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
-        if model_type in suite:
+        if model_type in suite or model_type in done:
+            continue
+        if not run_new:
+            done[model_type] = [dict(model_type=model_type, failed="not surveyed yet (the run stopped before it)")]
             continue
         try:
             why = classify(model_type)
         except Exception as exc:  # noqa: BLE001 - a survey records every failure
             why = f"config does not build: {type(exc).__name__}: {str(exc).splitlines()[0][:150]}"
+        entries = []
         if why:
-            skipped.append((model_type, why))
-            continue
-        zoo.ARCHITECTURES[model_type] = {}
-        signal.alarm(SECONDS)
-        try:
-            results.update(run([model_type]))
-            names.append(model_type)
-        except TimeoutError:
-            failed.append((model_type, f"not surveyed: its cases take over {SECONDS} s on this CPU (reference "
-                                       "PyTorch kernels of its recurrent / conv layers)"))
-            del zoo.ARCHITECTURES[model_type]
-        except Exception as exc:  # noqa: BLE001
-            traceback.print_exc()
-            failed.append((model_type, f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"))
-            del zoo.ARCHITECTURES[model_type]
-        finally:
-            signal.alarm(0)
-    suite_names = [n for n in zoo.ARCHITECTURES if n not in names]
-    for n in suite_names:
-        del zoo.ARCHITECTURES[n]
+            entries.append(dict(model_type=model_type, skipped=why))
+        else:
+            zoo.ARCHITECTURES[model_type] = {}
+            signal.alarm(SECONDS)
+            try:
+                for (name, path), outcome in run([model_type]).items():
+                    entries.append(dict(model_type=model_type, path=path, kind=outcome.kind, detail=outcome.detail,
+                                        logp_rel=outcome.logp_rel, grad_rel=outcome.grad_rel))
+            except TimeoutError:
+                entries = [dict(model_type=model_type, failed=f"not surveyed: its cases take over {SECONDS} s on "
+                                "this CPU with the common config (default expert counts, reference kernels of "
+                                "recurrent layers)")]
+            except MemoryError:
+                entries = [dict(model_type=model_type, failed=f"not surveyed: over {LIMIT_BYTES >> 30} GiB of "
+                                "address space with the common tiny config")]
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc()
+                entries = [dict(model_type=model_type,
+                                failed=f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}")]
+            finally:
+                signal.alarm(0)
+                del zoo.ARCHITECTURES[model_type]
+                for cache in zoo.CACHES:  # one architecture's models at a time
+                    cache.cache_clear()
+                gc.collect()
+        done[model_type] = entries
+        for entry in entries:
+            _record(store, entry)
+    return _survey_text(done)
+
+
+def _survey_text(done: dict) -> str:
+    suite = dict(zoo.ARCHITECTURES)
+    zoo.ARCHITECTURES.clear()
+    results, skipped, failed = {}, [], []
+    for model_type, entries in sorted(done.items()):
+        for entry in entries:
+            if "skipped" in entry:
+                skipped.append((model_type, entry["skipped"]))
+            elif "failed" in entry:
+                failed.append((model_type, entry["failed"]))
+            else:
+                zoo.ARCHITECTURES[model_type] = {}
+                results[(model_type, entry["path"])] = cases.Outcome(entry["kind"], entry["detail"],
+                                                                     entry["logp_rel"], entry["grad_rel"])
     table = cases.render_table(results)
+    zoo.ARCHITECTURES.clear()
+    zoo.ARCHITECTURES.update(suite)
     lines = [table, "", "Not decoder-only text models:", ""]
     lines += [f"- `{m}`: {why.replace('|', '/')}" for m, why in skipped]
     lines += ["", "Decoder-only text models that do not build or run tiny on the CPU with the common config:", ""]
@@ -100,7 +150,8 @@ def main(argv) -> int:
     doc = ROOT / "docs" / "reliability.md"
     with zoo.zoo_session():
         if "--survey" in argv:
-            body = survey()
+            store = argv[argv.index("--store") + 1] if "--store" in argv else None
+            body = survey(store, run_new="--stored-only" not in argv)
             doc.write_text(replace(doc.read_text(), SURVEY, body))
             return 0
         table = cases.render_table(run(list(zoo.ARCHITECTURES)))
