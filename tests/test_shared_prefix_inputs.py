@@ -26,6 +26,7 @@ C = [[[6, 7], [8]], [[9], [10, 11]]]  # 11 tokens, 4 sequences
 
 def batch_and_logits(vocab=16, prompts=P, completions=C, **kwargs):
     batch, info = sp.pack_groups(prompts, completions, **kwargs)
+    info.attention.calls += 1  # the random logits stand in for a model's forward through the batch's attention
     torch.manual_seed(0)
     logits = torch.randn(*batch["input_ids"].shape, vocab, dtype=torch.float64, requires_grad=True)
     return batch, info, logits
@@ -339,10 +340,12 @@ def test_dpo_loss_names_mismatched_and_non_tensor_arguments():
 
 def test_dpo_logps_refuses_pairs_that_are_not_adjacent():
     batch, info = sp.pack_tree([[1, 2, 3], [1, 2, 4], [5, 6], [5, 7]], group_ids=[0, 1, 0, 1])
+    info.attention.calls += 1  # zero logits stand in for a forward
     lp = sp.completion_logprobs(torch.zeros(*batch["input_ids"].shape, 8), info)
     with pytest.raises(ValueError, match="sequences 0 and 1 are in groups 0 and 1: DPO pairs must be adjacent"):
         sp.dpo_logps(lp, info)
     batch, info = sp.pack_tree([[1, 2, 3], [1, 2, 4], [5, 6], [5, 7]], group_ids=[0, 0, 1, 1])  # control
+    info.attention.calls += 1
     assert sp.dpo_logps(sp.completion_logprobs(torch.zeros(*batch["input_ids"].shape, 8), info), info)[0].shape == (2,)
     with pytest.raises(TypeError, match="result must be the CompletionLogprobs"):
         sp.dpo_logps(lp.padded, info)
@@ -606,3 +609,32 @@ def test_a_corrupted_forest_is_refused_or_packs_never_crashes(groups, field, dat
     flat = batch["input_ids"].reshape(-1)
     for s in range(bad.num_sequences):
         assert flat[torch.from_numpy(info.layout.seq_positions[s])].tolist() == bad.sequence_tokens(s).tolist()
+
+
+def test_logits_of_a_forward_that_never_called_the_attention_are_refused():
+    # A recurrent model (mamba, rwkv) or one with its own attention code never calls the registered function:
+    # its logits saw each row as one plain sequence.
+    batch, info = sp.pack_groups(P, C)
+    logits = torch.randn(*batch["input_ids"].shape, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match="shared-prefix attention was never called with this batch"):
+        sp.completion_logprobs(logits, info)
+    with pytest.raises(ValueError, match="never called"):
+        sp.completion_values(logits[..., 0], info)
+    q = torch.randn(1, 2, batch["input_ids"].shape[1], 4, dtype=torch.float64)
+    batch["shared_prefix"](q, q, q, None)  # one attention call through the batch's metadata
+    assert sp.completion_logprobs(logits, info).padded.shape[0] == 4
+    empty, info = sp.pack_groups([], [])  # nothing to attend over: nothing to refuse
+    assert sp.completion_logprobs(torch.zeros(1, 0, 16), info).padded.shape[0] == 0
+
+
+@pytest.mark.parametrize("kind", ["bloom", "mamba"])
+def test_models_that_never_call_a_registered_attention_are_refused(kind):
+    transformers = pytest.importorskip("transformers")
+    config = (transformers.BloomConfig(vocab_size=32, hidden_size=32, n_layer=2, n_head=2) if kind == "bloom" else
+              transformers.MambaConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2, state_size=4))
+    model = transformers.AutoModelForCausalLM.from_config(config).double()
+    model.config._attn_implementation = sp.register_attention()  # bloom refuses set_attn_implementation
+    batch, info = sp.pack_groups(P, C)
+    logits = model(**batch, use_cache=False).logits  # runs: the model ignores the tree
+    with pytest.raises(ValueError, match="never called"):
+        sp.completion_logprobs(logits, info)

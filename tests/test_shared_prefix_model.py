@@ -174,7 +174,7 @@ def test_control_positions_restarting_in_a_branch_fail():
     attn = batch["shared_prefix"]
     bad = sp.SharedPrefixAttention(lay, attn.subtree_end, attn.cu_seqlens, attn.node_idx, "dense", position_ids=pos)
     logits = model(**{**batch, "position_ids": pos, "shared_prefix": bad}, use_cache=False).logits
-    assert worst(sp.completion_logprobs(logits, info), reference) > 1e-4
+    assert worst(sp.completion_logprobs(logits, info._replace(attention=bad)), reference) > 1e-4
 
 
 def test_control_siblings_seeing_each_other_fail():
@@ -194,7 +194,7 @@ def test_control_siblings_seeing_each_other_fail():
     bad = sp.SharedPrefixAttention(lay, leaky, attn.cu_seqlens, attn.node_idx, "dense",
                                    position_ids=batch["position_ids"])
     logits = model(**{**batch, "shared_prefix": bad}, use_cache=False).logits
-    assert worst(sp.completion_logprobs(logits, info), reference) > 1e-4
+    assert worst(sp.completion_logprobs(logits, info._replace(attention=bad)), reference) > 1e-4
 
 
 # --- Gemma 2 (softcap) and GPT-OSS (s_aux sinks): the arguments the Llama-shaped models never pass ----------------

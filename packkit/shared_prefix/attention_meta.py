@@ -34,6 +34,10 @@ class SharedPrefixAttention:
         self.position_ids = position_ids
         self._positions_version = None if position_ids is None else position_ids._version
         self.max_path = layout.max_path
+        # Attention calls made with this batch: a model that never routes its attention through the registered
+        # function (recurrent layers, its own attention code) would treat the rows as plain sequences, and
+        # completion_logprobs refuses its logits when this is still 0.
+        self.calls = 0
         self._passes = None
         self._block_mask = None
         self._dense = None
@@ -87,6 +91,7 @@ class SharedPrefixAttention:
         """query ``[B, H, S, D]``, key/value ``[B, H_kv, S, D]`` -> ``[B, S, H, D]``. ``softcap``: scores become
         ``softcap * tanh(scores / softcap)``; ``sink`` ``[H]``: a per-head sink logit in every row's softmax."""
         batch, heads, length, dim = query.shape
+        self.calls += 1
         if (batch, length) != tuple(self.subtree_end.shape):
             raise ValueError(f"the shared-prefix batch is {tuple(self.subtree_end.shape)} tokens but the attention "
                              f"got [B={batch}, S={length}]: pass the batch's input_ids/position_ids unchanged")

@@ -36,6 +36,16 @@ def _check_info(info, name: str = "info") -> None:
                         f"{type(info).__name__}")
 
 
+def _check_attended(info: SharedPrefixInfo) -> None:
+    """Outputs of a forward that never called the shared-prefix attention are plain-sequence outputs: wrong."""
+    attn = info.attention
+    if attn is not None and attn.calls == 0 and info.tokens_forwarded:
+        raise ValueError("the shared-prefix attention was never called with this batch: either the model has not "
+                         "run on it yet, or it does not route attention through transformers' AttentionInterface "
+                         "(recurrent / state-space layers, a model's own attention code), so its outputs saw every "
+                         "row as one plain sequence; pack these sequences without sharing")
+
+
 def _flat(values: torch.Tensor, info: SharedPrefixInfo, name: str = "values") -> torch.Tensor:
     rows, row_len = info.layout.num_rows, info.layout.row_len
     if not isinstance(values, torch.Tensor):
@@ -85,6 +95,7 @@ def completion_logprobs(logits: torch.Tensor, info: SharedPrefixInfo, *, tempera
     """
     temperature = check_temperature(temperature)
     _check_info(info)
+    _check_attended(info)
     check_float_tensor(logits, "logits", "[R, S, V]")
     flat = _flat(logits, info, "logits")
     if flat.dim() != 2:
@@ -143,6 +154,7 @@ def completion_values(values: torch.Tensor, info: SharedPrefixInfo, *, shift: bo
     or an entropy "at" token ``j`` is computed from the logits before it); ``shift=False`` the token's own.
     ``fill`` (the value past each sequence's end) must be representable in ``values``' dtype."""
     _check_info(info)
+    _check_attended(info)
     if not isinstance(shift, (bool, np.bool_)):
         raise TypeError(f"shift must be True or False, got {type(shift).__name__} {shift!r}")
     flat = _flat(values, info)

@@ -45,6 +45,7 @@ class SharedPrefixInfo(NamedTuple):
         status: None when every token was checked on the host; for device tokens a 0-d int32 device tensor,
             non-zero (``checks.STATUS_ERRORS`` bits) when a token id is negative: read it with
             :func:`packkit.shared_prefix.check_status` at a natural sync.
+        attention: the batch's ``shared_prefix`` entry (it counts the attention calls made with it).
     """
 
     forest: PrefixForest
@@ -62,6 +63,7 @@ class SharedPrefixInfo(NamedTuple):
     input_ids: torch.Tensor
     max_token_id: Optional[int] = None
     status: Optional[torch.Tensor] = None
+    attention: Optional[SharedPrefixAttention] = None
 
     @property
     def num_sequences(self) -> int:
@@ -119,7 +121,7 @@ def pack_forest(tree_plan: TreePlan, *, device=None, backend: str = "auto", atte
     status = None if max_token_id is not None else (ids < 0).any().to(torch.int32) * NEGATIVE_TOKEN
     info = SharedPrefixInfo(forest, layout, score, index[:k], index[k:2 * k], index[2 * k:3 * k], index[3 * k:4 * k],
                             index[4 * k:] != 0, tree_plan, packed_labels if labels is not None else None,
-                            int(layout.length.sum()), unshared, ids, max_token_id, status)
+                            int(layout.length.sum()), unshared, ids, max_token_id, status, attn)
     return batch, info
 
 
