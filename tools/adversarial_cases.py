@@ -143,6 +143,7 @@ _PROMPTS, _COMPLETIONS = [[1, 2, 3], [4, 5]], [[[6, 7], [8]], [[9], [10, 11]]]
 def _sp_logprobs():
     sp = _sp()
     batch, info = sp.pack_groups(_PROMPTS, _COMPLETIONS)
+    info.attention.calls += 1  # the random logits stand in for a forward through the batch's attention
     logits = torch.randn(1, batch["input_ids"].shape[1], 20, dtype=torch.float64)
     return sp.completion_logprobs(logits, info), batch, info
 
@@ -167,6 +168,8 @@ accepts("shared_prefix.pack_groups", "no groups: an empty batch", lambda r: r[0]
     lambda: _sp().pack_groups([], []))
 refuses("shared_prefix.completion_logprobs", "logits narrower than the token ids", "vocabulary of 5")(
     lambda: _sp().completion_logprobs(torch.randn(1, _sp_logprobs()[1]["input_ids"].shape[1], 5), _sp_logprobs()[2]))
+refuses("shared_prefix.completion_logprobs", "logits of a forward that never called the attention", "never called")(
+    lambda: _sp().completion_logprobs(torch.randn(1, 11, 20), _sp().pack_groups(_PROMPTS, _COMPLETIONS)[1]))
 refuses("shared_prefix.completion_logprobs", "integer logits", "must be a floating tensor")(
     lambda: _sp().completion_logprobs(torch.ones(1, _sp_logprobs()[1]["input_ids"].shape[1], 20, dtype=torch.int64),
                                       _sp_logprobs()[2]))

@@ -95,9 +95,9 @@ def completion_logprobs(logits: torch.Tensor, info: SharedPrefixInfo, *, tempera
     """
     temperature = check_temperature(temperature)
     _check_info(info)
-    _check_attended(info)
     check_float_tensor(logits, "logits", "[R, S, V]")
     flat = _flat(logits, info, "logits")
+    _check_attended(info)
     if flat.dim() != 2:
         raise ValueError(f"logits must be [R, S, V], got {tuple(logits.shape)}")
     vocab = flat.shape[1]
@@ -154,11 +154,11 @@ def completion_values(values: torch.Tensor, info: SharedPrefixInfo, *, shift: bo
     or an entropy "at" token ``j`` is computed from the logits before it); ``shift=False`` the token's own.
     ``fill`` (the value past each sequence's end) must be representable in ``values``' dtype."""
     _check_info(info)
-    _check_attended(info)
     if not isinstance(shift, (bool, np.bool_)):
         raise TypeError(f"shift must be True or False, got {type(shift).__name__} {shift!r}")
     flat = _flat(values, info)
     _check_fill(fill, flat.dtype)
+    _check_attended(info)
     picked = flat.index_select(0, info.pred if shift else info.target)
     padded, mask = _to_padded(picked, info, fill)
     if not shift:
