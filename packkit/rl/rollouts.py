@@ -63,6 +63,12 @@ def rollout_layout(attention_mask: torch.Tensor) -> RolloutLayout:
     """Each row's run of valid tokens, with one device-to-host copy. Raises ValueError naming the rows whose
     mask is not a single run (verl rollouts are left-padded prompt + right-padded response) or holds a value
     other than 0 and 1."""
+    return _read_layout(attention_mask)[0]
+
+
+def _read_layout(attention_mask: torch.Tensor, input_ids: Optional[torch.Tensor] = None):
+    """(:func:`rollout_layout`, and with ``input_ids`` a host bool ``[B]``: rows with a negative id at a valid
+    position), both from the one device-to-host copy."""
     _check_mask_tensor(attention_mask)
     b, s = attention_mask.shape
     m = attention_mask != 0
@@ -71,7 +77,8 @@ def rollout_layout(attention_mask: torch.Tensor) -> RolloutLayout:
     last = (s - 1) - m.flip(1).to(torch.int8).argmax(1) if s else first
     broken = ((count > 0) & (last - first + 1 != count)).to(torch.int64)
     odd = _not_binary(attention_mask).any(1).to(torch.int64)
-    host = torch.cat((first, count, broken.sum().reshape(1), odd.sum().reshape(1))).cpu().numpy()  # the one sync
+    negative = ((input_ids < 0) & m).any(1).to(torch.int64) if input_ids is not None else first[:0]
+    host = torch.cat((first, count, negative, broken.sum().reshape(1), odd.sum().reshape(1))).cpu().numpy()  # one sync
     start, length = host[:b].copy(), host[b:2 * b].copy()
     start[length == 0] = 0
     if host[-1]:
@@ -82,7 +89,7 @@ def rollout_layout(attention_mask: torch.Tensor) -> RolloutLayout:
         rows = np.flatnonzero(broken.cpu().numpy())
         raise ValueError(f"{len(rows)} rows of attention_mask are not one run of valid tokens (first: row "
                          f"{int(rows[0])}); rollouts must be a left-padded prompt followed by a right-padded response")
-    return RolloutLayout(start, length, s)
+    return RolloutLayout(start, length, s), (host[2 * b:3 * b] != 0 if input_ids is not None else None)
 
 
 def _indices(indices, batch: int) -> np.ndarray:
@@ -116,7 +123,7 @@ def pack_rollouts(input_ids: torch.Tensor, attention_mask: torch.Tensor, indices
         check: with a given ``layout``, also check the rows on the device, without a sync: each mask is the
             layout's run and holds only 0/1, and no valid token id is negative. ``info.status`` is a 0-d int32
             tensor, 0 when every row is right (read it at a natural sync, or call :func:`check_rollouts`).
-            Without ``layout`` the same check runs and raises here (that call synchronises anyway).
+            Without ``layout`` the same checks are read in the one copy that computes it, and raise here.
         backend: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"triton"`` (as :func:`packkit.pack_sequences`).
 
     Returns ``(batch, info)``: ``batch`` = ``{input_ids [1, T], position_ids [1, T] (restarting at
@@ -138,14 +145,16 @@ def pack_rollouts(input_ids: torch.Tensor, attention_mask: torch.Tensor, indices
         raise ValueError(f"position_ids_start must be an int >= 0, got {position_ids_start!r}")
     if not isinstance(check, (bool, np.bool_)):
         raise TypeError(f"check must be True or False, got {check!r}")
-    status = None
-    checked_here = layout is None
-    if layout is None:
-        layout = rollout_layout(attention_mask)
-        check = True
+    status = negative = None
+    if layout is None:  # the host check of the one copy replaces the device one
+        layout, negative = _read_layout(attention_mask, input_ids)
+        check = False
     elif not isinstance(layout, RolloutLayout) or len(layout.start) != batch or layout.seq_len != seq_len:
         raise ValueError("layout must be packkit.rl.rollout_layout(attention_mask) of this batch")
     idx = _indices(indices, batch)
+    if negative is not None and negative[idx].any():
+        raise ValueError(f"{int(negative[idx].sum())} rows of this micro-batch hold a negative token id at a valid "
+                         "position; input_ids must be token ids >= 0")
     device = input_ids.device
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -175,9 +184,6 @@ def pack_rollouts(input_ids: torch.Tensor, attention_mask: torch.Tensor, indices
     cu_seg = _op("layout", which)(seg_length, bin_offsets, 1, shape.row_len, True, shape.num_cu_seqlens)[1]
     if check:
         status = _mask_status(attention_mask, input_ids, idx, layout, device)
-        if checked_here and int(status):  # no layout given: this call synchronises anyway, so it raises now
-            raise ValueError(f"{int(status)} rows of this micro-batch hold a negative token id at a valid position; "
-                             "input_ids must be token ids >= 0")
     out = {"input_ids": ids.unsqueeze(0), "position_ids": pos.unsqueeze(0), "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
            "max_length_q": shape.max_seqlen, "max_length_k": shape.max_seqlen}
     return out, RolloutInfo(shape, idx, seq_len, local_seq, seg_start, cu, cu_seg, status)
