@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from shared_prefix_models import VOCAB
+from shared_prefix_models import VOCAB, _rmsnorm_in_input_dtype
 
 REFERENCE = "packkit_test_fp64_reference"
 
@@ -49,18 +49,13 @@ def _gemma2_norm(self, x):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
 
 
-def _gpt_oss_norm(self, hidden_states):
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
-
-
 def fp64_norms(monkeypatch):
     """Gemma 2's and GPT-OSS's RMSNorm compute in fp32 even in an fp64 model: make them compute in the input dtype."""
     from transformers.models.gemma2 import modeling_gemma2
     from transformers.models.gpt_oss import modeling_gpt_oss
 
     monkeypatch.setattr(modeling_gemma2.Gemma2RMSNorm, "forward", _gemma2_norm)
-    monkeypatch.setattr(modeling_gpt_oss.GptOssRMSNorm, "forward", _gpt_oss_norm)
+    monkeypatch.setattr(modeling_gpt_oss.GptOssRMSNorm, "forward", _rmsnorm_in_input_dtype)
 
 
 def tiny(kind: str, attn: str = REFERENCE, **overrides):

@@ -148,12 +148,16 @@ def test_passes_copy_nothing_and_fillers_do_no_work(spec, rows):
     assert causal_work + cross_work == pairs_needed
 
 
-def test_gradcheck_tiny_tree():
+def _tiny_tree():
+    """A 7-token tree (prompt of 3, completions of 2 and 1), its passes and fp64 q, k, v for gradcheck."""
     forest = sp.groups_forest([[1, 2, 3]], [[[4, 5], [6]]])
-    layout = tree_layout(forest, [forest.roots()], 7)
-    passes = varlen_passes(layout, torch.device("cpu"))
+    passes = varlen_passes(tree_layout(forest, [forest.roots()], 7), torch.device("cpu"))
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(7, 2, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    return (passes, *(torch.randn(7, 2, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)))
+
+
+def test_gradcheck_tiny_tree():
+    passes, q, k, v = _tiny_tree()
     assert torch.autograd.gradcheck(lambda a, b, c: two_pass_attention(a, b, c, passes, 0.5), (q, k, v))
 
 
@@ -226,11 +230,7 @@ def test_flex_softcap_and_sinks_equal_reference(spec, rows, case):
 
 
 def test_gradcheck_tiny_tree_softcap_and_sink():
-    forest = sp.groups_forest([[1, 2, 3]], [[[4, 5], [6]]])
-    layout = tree_layout(forest, [forest.roots()], 7)
-    passes = varlen_passes(layout, torch.device("cpu"))
-    g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(7, 2, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    passes, q, k, v = _tiny_tree()
     assert torch.autograd.gradcheck(lambda a, b, c, s: two_pass_attention(a, b, c, passes, 1.5, 0.7, s),
                                     (q, k, v, sinks()))
 

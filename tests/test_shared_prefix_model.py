@@ -98,10 +98,8 @@ def _grpo_reference_grads(model, prompts, completions, advantages):
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
-@pytest.mark.parametrize("path", GRAD_PATHS)
-def test_grpo_token_mean_gradients(kind, path):
-    model = tiny(kind)
+def _grpo_grads_both_ways(model, path):
+    """The per-sample GRPO reference gradients; the packed run's gradients are left in ``model``'s ``.grad``."""
     prompts, completions = groups(seed=2)
     n = sum(len(g) for g in completions)
     advantages = torch.linspace(-1, 1, n, dtype=torch.float64)
@@ -110,6 +108,14 @@ def test_grpo_token_mean_gradients(kind, path):
     result, _ = packed(model, prompts, completions, path)
     # On-policy GRPO: ratio 1, so the clipped surrogate's gradient is -adv * grad logp, token-mean.
     sp.grpo_token_mean_loss(result, advantages).backward()
+    return ref
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("path", GRAD_PATHS)
+def test_grpo_token_mean_gradients(kind, path):
+    model = tiny(kind)
+    ref = _grpo_grads_both_ways(model, path)
     got = {n: p.grad for n, p in model.named_parameters()}
     for name, g in ref.items():
         scale = max(float(g.abs().max()), 1e-30)
@@ -229,13 +235,7 @@ def test_softcap_and_sinks_logprobs_equal_per_sample(kind, path):
 def test_softcap_and_sinks_gradients(kind, path):
     """Every parameter's gradient, the GPT-OSS sink logits and Gemma 2's soft-capped projections included."""
     model = attention_models.tiny(kind)
-    prompts, completions = groups(seed=2)
-    n = sum(len(g) for g in completions)
-    advantages = torch.linspace(-1, 1, n, dtype=torch.float64)
-    ref = _grpo_reference_grads(model, prompts, completions, advantages)
-    model.zero_grad(set_to_none=True)
-    result, _ = packed(model, prompts, completions, path)
-    sp.grpo_token_mean_loss(result, advantages).backward()
+    ref = _grpo_grads_both_ways(model, path)
     if kind == "gpt_oss":
         assert float(ref["model.layers.0.self_attn.sinks"].abs().max()) > 1e-6  # the sinks are trained
     for name, g in ref.items():
