@@ -7,7 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import packkit
 from packkit.training.sampler import PackedBatchSampler
+from packkit.training.sampler.epoch import epoch_time
 
 
 def lognormal(n: int, seed: int = 1, cap: int = 8192) -> np.ndarray:
@@ -79,3 +81,42 @@ def test_state_dict_names_rows_per_step_and_old_states_load():
 def test_bad_rows_per_step(bad, error):
     with pytest.raises(error, match="rows_per_step"):
         PackedBatchSampler([5, 6], 16, rank=0, world_size=1, rows_per_step=bad)
+
+
+# -- issue 42: no more steps than a plain plan's rows need --------------------------------------------------------
+def fewest_steps(lengths, capacity, per_step, **kw):
+    return -(-packkit.plan(lengths, capacity, **kw).num_bins // per_step)
+
+
+def test_one_rank_gets_the_fewest_steps_where_ogbfd_needs_one_more():
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.round(np.exp(rng.normal(np.log(288), 0.932, 768))), 1, 2048).astype(np.int64)
+    s = PackedBatchSampler(lengths, 2048, rows_per_step=2, shuffle=False)
+    fewest = fewest_steps(lengths, 2048, 2)
+    # control: ogbfd's balanced layout of these lengths takes one step more (the issue's 208 rows for 202)
+    assert packkit.plan(lengths, 2048, algorithm="ogbfd", dp_size=2, cost="attention").num_steps == fewest + 1
+    assert s.num_steps == fewest and len(s) == 2 * fewest
+    rows = list(s)
+    assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+    assert all(lengths[row].sum() <= 2048 for row in rows)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.integers(8, 400), st.sampled_from([64, 288, 864]), st.sampled_from([512, 2048]),
+       st.integers(1, 8), st.integers(1, 3), st.sampled_from(["attention", "tokens"]))
+def test_steps_within_one_step_of_a_plain_plan(seed, n, median, capacity, k, world_size, cost):
+    """One rank: exactly the fewest steps a plain (obfd) plan's rows allow, so at most k - 1 rows more than it.
+    Several ranks: the fewest steps unless ogbfd's extra step runs the epoch faster under the cost model (its
+    balance), and never more than one extra step."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.round(np.exp(rng.normal(np.log(median), 0.932, n))), 1, capacity).astype(np.int64)
+    s = PackedBatchSampler(lengths, capacity, rank=0, world_size=world_size, rows_per_step=k, cost=cost, seed=seed)
+    fewest = fewest_steps(lengths[s.permutation], capacity, world_size * k)
+    if world_size == 1:
+        assert s.num_steps == fewest
+        assert s.num_steps * k - packkit.plan(lengths, capacity).num_bins < k
+    else:
+        assert fewest <= s.num_steps <= fewest + 1
+        if s.num_steps > fewest:  # kept ogbfd: its slowest-rank total beats the plain rows'
+            plain = packkit.plan(lengths[s.permutation], capacity, algorithm="obfd", dp_size=world_size * k, cost=cost)
+            assert epoch_time(s.plan, world_size, k) < epoch_time(plain, world_size, k)
