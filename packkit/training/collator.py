@@ -25,6 +25,7 @@ from ..packing.multimodal.mrope import check_mrope_start
 from ..packing.sequences import check_layout, flatten_sequences, pack_sequences
 from ..planning.planner import check_plan_choices, plan as make_plan
 from .block_masks import document_causal_block_mask, layer_block_masks, model_layer_types
+from .planned_rows import planned_row_plan, split_planned_rows
 
 LABEL_MASK_KEYS = ("completion_mask", "assistant_masks")
 
@@ -91,6 +92,11 @@ class PackingCollator:
             planned with ``pad_to_multiple_of=2 * cp_size`` in zigzag mode (capacity must be a multiple), so
             each planned row still fits once its documents are padded. Use the flat layout: in the padded
             layout every row's padding tail is padded too. Not with ``mrope`` or ``return_block_mask``.
+        planned_rows: each feature is one row planned already (a list of its sample features, e.g.
+            ``[ds[i] for i in row]`` for a row of ``packkit.plan(...).bins`` or ``PackedBatchSampler``; or a
+            pre-packed row with ``seq_lengths``, from ``pack_dataset``), emitted as it is: one row per feature in
+            the padded layout, the rows in order in the flat one; never re-planned. A row over ``capacity`` is a
+            ValueError. Not with ``context_parallel``.
     """
 
     def __init__(self, capacity: Optional[int] = None, *, layout: str = "flat", algorithm: str = "obfd",
@@ -100,7 +106,7 @@ class PackingCollator:
                  backend: str = "auto", return_block_mask: bool = False, return_num_items: bool = False,
                  input_key: str = "input_ids", label_key: str = "labels", pad_values: Optional[dict] = None,
                  extra_fields: str = "error", mrope=None, reuse_buffers: bool = False, num_buffers: int = 2,
-                 context_parallel=None, model_config=None):
+                 context_parallel=None, model_config=None, planned_rows: bool = False):
         check_layout(layout)
         check_plan_choices(algorithm, overlong)
         for name, value in (("capacity", capacity), ("num_rows", num_rows), ("pad_to_multiple_of", pad_to_multiple_of)):
@@ -118,7 +124,8 @@ class PackingCollator:
                                                                               position_ids_start)
         separator_id = None if separator_id is None else check_separator(separator_id, ignore_index)
         for name, value in (("pad_to_capacity", pad_to_capacity), ("return_block_mask", return_block_mask),
-                            ("return_num_items", return_num_items), ("reuse_buffers", reuse_buffers)):
+                            ("return_num_items", return_num_items), ("reuse_buffers", reuse_buffers),
+                            ("planned_rows", planned_rows)):
             check_bool(value, name)
         if not isinstance(input_key, str) or not isinstance(label_key, str) or input_key == label_key:
             raise ValueError(f"input_key and label_key must be two different str keys, got {input_key!r}, "
@@ -146,6 +153,10 @@ class PackingCollator:
             if mrope is not None or return_block_mask:
                 raise ValueError("context_parallel= does not support mrope= or return_block_mask=True")
             check_cp_capacity(self._cp_multiple, capacity)
+        if planned_rows and self.context_parallel is not None:  # rows planned without the CP padding may not fit
+            raise ValueError("planned_rows=True does not support context_parallel= (plan the rows with the sampler's "
+                             "context_parallel= and let the collator re-plan them)")
+        self.planned_rows = planned_rows
 
     # -- features -> flat host tensors ----------------------------------------------------------
     def _gather(self, features):
@@ -202,11 +213,14 @@ class PackingCollator:
 
     # -- the batch -------------------------------------------------------------------------------
     def __call__(self, features) -> dict:
+        rows = None
+        if self.planned_rows:
+            features, rows = split_planned_rows(features, self.input_key)
         flat_ids, flat_labels, lengths, fields = self._gather(features)
         self._check_reserved(fields)
         extra = dict(fields=fields, pad_values=self.pad_values, extra_fields=self.extra_fields, mrope=self.mrope)
         mask_first = self.separator_id is not None
-        plan, pack_args = self._plan(lengths)
+        plan, pack_args = self._plan(lengths, rows)
         if self.context_parallel is not None:
             token_fields = self._cp_token_fields(fields, lengths, flat_ids)
             if token_fields is not None:
@@ -231,18 +245,20 @@ class PackingCollator:
                                            pad_token_id=self.pad_token_id, ignore_index=self.ignore_index)
         return batch
 
-    def _plan(self, lengths):
-        """(plan or None, pack_sequences' layout arguments) for this batch's lengths."""
+    def _plan(self, lengths, rows=None):
+        """(plan or None, pack_sequences' layout arguments) for this batch's lengths (and given rows)."""
+        given = None if rows is None else planned_row_plan(lengths, rows, self.capacity)
         if self.layout == "flat":
-            plan = make_plan(lengths, self.capacity, algorithm="nf", overlong=self.overlong,
-                             pad_to_multiple_of=self._cp_multiple) if self.capacity else None
+            plan = given if given is not None else make_plan(
+                lengths, self.capacity, algorithm="nf", overlong=self.overlong,
+                pad_to_multiple_of=self._cp_multiple) if self.capacity else None
             kept = plan.kept_tokens if plan is not None else int(lengths.sum())
             row_len = _round_up(kept, self.pad_to_multiple_of) if self.pad_to_multiple_of else None
             if kept == 0 and self.capacity:  # e.g. a sampler's empty last-step row: one padding row, not [1, 0]
                 row_len = self.capacity
             return plan, dict(layout="flat", row_len=row_len)
-        plan = make_plan(lengths, self.capacity, algorithm=self.algorithm, overlong=self.overlong,
-                         pad_to_multiple_of=self._cp_multiple)
+        plan = given if given is not None else make_plan(lengths, self.capacity, algorithm=self.algorithm,
+                                                         overlong=self.overlong, pad_to_multiple_of=self._cp_multiple)
         row_len = self.capacity
         if not self.pad_to_capacity:
             longest = int(plan.bin_tokens.max()) if plan.num_bins else 1
