@@ -170,25 +170,36 @@ class MultipackBatchSampler(BatchSampler):
         if self._epoch_cache is None or self._epoch_cache[0] != self.epoch:
             k, w = self.batch_size, self.dp_size
             if self.sequential:  # rows in the sampler's order, consecutive rows per item (positions)
-                rows = packkit_plan(self.planned_lengths, self.batch_max_len, algorithm="nf",
-                                    overlong="truncate").bins
-                rows, dropped = split_in_order([b.tolist() for b in rows], w * k)
-                steps = [[rows[(s * w + r) * k:(s * w + r + 1) * k] for r in range(w)]
-                         for s in range(len(rows) // (w * k))]
+                plan = packkit_plan(self.planned_lengths, self.batch_max_len, algorithm="nf", overlong="truncate")
+                rows, dropped = split_in_order(_rows_of(plan, np.arange(plan.num_bins), None), w * k)
             else:
                 self._inner.set_epoch(self.epoch)
-                per_rank = [self._inner.batches(r) for r in range(w)]  # positions into self.indices
-                steps = [[per_rank[r][s * k:(s + 1) * k] for r in range(w)] for s in range(self._inner.num_steps)]
+                data = self._inner._data()
+                # yielded (step, rank, j) -> plan bin, as EpochPlan.row computes it one row at a time
+                bins = (data.step_order[:, None, None] * data.plan.dp_size + data.rank_rows[data.step_order])
+                rows = _rows_of(data.plan, bins.reshape(-1), data.permutation)
+                steps = [[rows[(s * w + r) * k:(s * w + r + 1) * k] for r in range(w)]
+                         for s in range(len(rows) // (w * k))]
                 steps, dropped = fill_last_step(steps, self.planned_lengths, self._item_cost)
-            to_index = self.indices
-            items = [[to_index[np.asarray(row, dtype=np.int64)].tolist() for row in item]
-                     for step in steps for item in step]
-            real = self.lengths
-            costs = np.array([[sum(float(self._item_cost(real[row]).sum()) for row in item) for item in step_items]
-                              for step_items in (items[s * w:(s + 1) * w] for s in range(len(steps)))],
-                             dtype=np.float64).reshape(len(steps), w)
-            self._epoch_cache = (self.epoch, items, np.sort(to_index[np.asarray(dropped, dtype=np.int64)]), costs)
+                rows = [row for step in steps for item in step for row in item]
+            items, costs = self._items_and_costs(rows)
+            dropped = np.sort(self.indices[np.asarray(dropped, dtype=np.int64)])
+            self._epoch_cache = (self.epoch, items, dropped, costs)
         return self._epoch_cache
+
+    def _items_and_costs(self, rows: list) -> tuple[list, np.ndarray]:
+        """Rows of positions -> items of ``batch_size`` rows of dataset indices, and the ``[steps, dp_size]`` rank
+        costs under ``cost`` at the real lengths (one vectorised pass)."""
+        k, w = self.batch_size, self.dp_size
+        counts = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        flat = self.indices[np.fromiter((p for r in rows for p in r), dtype=np.int64, count=int(counts.sum()))]
+        ends = np.cumsum(counts)
+        as_list = flat.tolist()
+        index_rows = [as_list[e - c:e] for c, e in zip(counts.tolist(), ends.tolist())]
+        items = [index_rows[i * k:(i + 1) * k] for i in range(len(rows) // k)]
+        item_costs = np.concatenate(([0.0], np.cumsum(self._item_cost(self.lengths[flat]))))
+        row_costs = item_costs[ends] - item_costs[ends - counts]
+        return items, row_costs.reshape(-1, w, k).sum(axis=2) if len(rows) else np.zeros((0, w))
 
     def __len__(self) -> int:
         """Items yielded this epoch (steps * dp_size): exact, the same on every rank, no collective."""
@@ -289,6 +300,18 @@ class MultipackBatchSampler(BatchSampler):
         return (f"packkit MultipackBatchSampler(samples={len(self.indices)}, batch_size={self.batch_size}, "
                 f"batch_max_len={self.batch_max_len}, dp_size={self.dp_size}, bin_size={self.bin_size}, "
                 f"sequential={self.sequential}, epoch={self.epoch})")
+
+
+def _rows_of(plan, bins: np.ndarray, permutation) -> list[list[int]]:
+    """The positions in each of ``plan``'s ``bins`` (an int array of bin ids), mapped through ``permutation``."""
+    offsets = plan.segments.bin_offsets
+    counts = offsets[1:][bins] - offsets[:-1][bins]
+    ends = np.cumsum(counts)
+    gather = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(offsets[:-1][bins] - (ends - counts),
+                                                                                     counts)
+    seq = plan.segments.seq_index[gather]
+    as_list = (seq if permutation is None else permutation[seq]).tolist()
+    return [as_list[e - c:e] for c, e in zip(counts.tolist(), ends.tolist())]
 
 
 def _item_cost_fn(cost):
