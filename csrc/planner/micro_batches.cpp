@@ -1,5 +1,7 @@
 #include "micro_batches.hpp"
 
+#include "step_search.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -65,9 +67,11 @@ class BinTree {
 // every bin gets a similar mix of long and short items and swaps can balance them later), the rest longest first
 // by first fit (tight where the cap fragments the room). bin_of[item], load, room are set; false if an item fits
 // nowhere.
+// With `target` (a cost per bin), the cost term is the load minus the bin's target: each item goes where the most
+// cost is still wanted.
 bool pack(const std::vector<int64_t>& items, size_t lpt, const int64_t* lengths, const double* costs,
           int64_t capacity, size_t num_bins, std::vector<int64_t>& bin_of, std::vector<double>& load,
-          std::vector<int64_t>& room) {
+          std::vector<int64_t>& room, const std::vector<double>* target = nullptr) {
   load.assign(num_bins, 0.0);
   room.assign(num_bins, capacity);
   BinTree tree(num_bins, capacity);
@@ -75,11 +79,15 @@ bool pack(const std::vector<int64_t>& items, size_t lpt, const int64_t* lengths,
   for (int64_t item : items) total_cost += costs[item], total_tokens += static_cast<double>(lengths[item]);
   const double per_cost = total_cost > 0 ? static_cast<double>(num_bins) / total_cost : 0.0;
   const double per_token = total_tokens > 0 ? static_cast<double>(num_bins) / total_tokens : 0.0;
+  auto want = [&](size_t b) { return target ? (*target)[b] : 0.0; };
+  if (target)
+    for (size_t b = 0; b < num_bins; ++b) tree.set(b, capacity, -want(b) * per_cost);
   auto put = [&](int64_t item, int64_t b) {
     bin_of[item] = b;
     room[b] -= lengths[item];
     load[b] += costs[item];
-    const double u = load[b] * per_cost, v = static_cast<double>(capacity - room[b]) * per_token;
+    const double u = (load[b] - want(static_cast<size_t>(b))) * per_cost;
+    const double v = static_cast<double>(capacity - room[b]) * per_token;
     tree.set(static_cast<size_t>(b), room[b], u + v);
   };
   lpt = std::min(lpt, items.size());
@@ -103,14 +111,15 @@ bool pack(const std::vector<int64_t>& items, size_t lpt, const int64_t* lengths,
 
 // Pack with decreasing LPT share until feasible.
 bool pack_any(const std::vector<int64_t>& items, const int64_t* lengths, const double* costs, int64_t capacity,
-              size_t num_bins, std::vector<int64_t>& bin_of, std::vector<double>& load, std::vector<int64_t>& room) {
+              size_t num_bins, std::vector<int64_t>& bin_of, std::vector<double>& load, std::vector<int64_t>& room,
+              const std::vector<double>* target = nullptr) {
   const size_t m = items.size();
   const size_t tries[] = {m, m - m / 8, m - m / 4, m / 2, m / 4, 0};
   size_t last = SIZE_MAX;
   for (size_t lpt : tries) {
     if (lpt == last) continue;
     last = lpt;
-    if (pack(items, lpt, lengths, costs, capacity, num_bins, bin_of, load, room)) return true;
+    if (pack(items, lpt, lengths, costs, capacity, num_bins, bin_of, load, room, target)) return true;
   }
   return false;
 }
@@ -202,6 +211,28 @@ void refine_step(std::vector<std::vector<int64_t>>& parts, std::vector<double>& 
   }
 }
 
+// Step levels for heavy tails: step s's dp micro-batches all aim at max(its leading item's cost, P), the leading items
+// being the costliest B = K * dp items (dp per step, costliest first), P the lowest plateau that holds the total cost
+// (water filling; token caps ignored). A micro-batch holding one long item then gets fillers up to its step's level
+// instead of being left alone with it. Returns the target cost of each micro-batch (m = step * dp + rank).
+std::vector<double> step_levels(const std::vector<int64_t>& ord, const double* costs, size_t K, size_t dp) {
+  double total = 0;
+  for (int64_t item : ord) total += costs[item];
+  std::vector<double> lead(K, 0.0);
+  for (size_t s = 0; s < K && s * dp < ord.size(); ++s) lead[s] = costs[ord[s * dp]];
+  // the smallest P with dp * sum_s max(lead[s], P) >= total: steps j.. K-1 at the plateau
+  double above = 0, plateau = 0;
+  for (size_t j = 0; j <= K; ++j) {
+    plateau = j < K ? (total / static_cast<double>(dp) - above) / static_cast<double>(K - j) : 0.0;
+    if (j == K || plateau >= lead[j]) break;
+    above += lead[j];
+  }
+  std::vector<double> target(K * dp);
+  for (size_t s = 0; s < K; ++s)
+    for (size_t r = 0; r < dp; ++r) target[s * dp + r] = std::max(lead[s], plateau);
+  return target;
+}
+
 // Item indices by cost descending, ties by length descending then index ascending. An LSD radix sort on the
 // cost's bits (a non-negative double's bits order like the value; stable, so equal costs keep index order), then
 // equal-cost runs sorted by length (stable). O(n) passes instead of a comparison sort.
@@ -248,7 +279,8 @@ std::vector<int64_t> costliest_first(const int64_t* lengths, const double* costs
 }  // namespace
 
 MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity,
-                                  int64_t dp, int64_t K, bool equal_count, int refine_rounds) {
+                                  int64_t dp, int64_t K, bool equal_count, int refine_rounds, int64_t search_rounds,
+                                  double search_above) {
   if (n < 0 || capacity < 1 || dp < 1 || K < 1) throw std::invalid_argument("rl_micro_batches: bad arguments");
   if (equal_count && n % dp) throw std::invalid_argument("rl_micro_batches: equal_count needs n % dp == 0");
   for (int64_t i = 0; i < n; ++i)
@@ -304,39 +336,73 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
       for (int64_t item : ranks[r]) slot_of[item] = step_of[bin_of[item]] * dp + static_cast<int64_t>(r);
     }
   }
-  // items by step-major slot (costliest first inside a slot), by counting sort
-  std::vector<int64_t> begin(B + 1, 0), by_slot(un);
-  for (size_t i = 0; i < un; ++i) ++begin[static_cast<size_t>(slot_of[i]) + 1];
-  for (size_t b = 0; b < B; ++b) begin[b + 1] += begin[b];
-  {
-    std::vector<int64_t> next(begin.begin(), begin.end() - 1);
-    for (int64_t item : ord) by_slot[static_cast<size_t>(next[static_cast<size_t>(slot_of[item])]++)] = item;
+  // The grid of steps (micro-batch m = step * dp + rank; items costliest first inside one), then the local search
+  // inside each step.
+  const size_t udp = static_cast<size_t>(dp);
+  auto refine = [&](StepGrid& grid, size_t s) {
+    std::vector<std::vector<int64_t>> parts(udp);
+    std::vector<double> sload(udp);
+    std::vector<int64_t> stok(udp);
+    for (size_t r = 0; r < udp; ++r)
+      parts[r].swap(grid.items[s * udp + r]), sload[r] = grid.load[s * udp + r], stok[r] = grid.tok[s * udp + r];
+    refine_step(parts, sload, stok, lengths, costs, capacity, !equal_count, refine_rounds);
+    for (size_t r = 0; r < udp; ++r)
+      grid.items[s * udp + r].swap(parts[r]), grid.load[s * udp + r] = sload[r], grid.tok[s * udp + r] = stok[r];
+  };
+  auto make_grid = [&](const std::vector<int64_t>& slot) {
+    StepGrid grid;
+    grid.dp = dp;
+    grid.items.resize(B);
+    grid.load.assign(B, 0.0);
+    grid.tok.assign(B, 0);
+    std::vector<int64_t> count(B, 0);
+    for (size_t i = 0; i < un; ++i) ++count[static_cast<size_t>(slot[i])];
+    for (size_t m = 0; m < B; ++m) grid.items[m].reserve(static_cast<size_t>(count[m]));
+    for (int64_t item : ord) {
+      const size_t m = static_cast<size_t>(slot[static_cast<size_t>(item)]);
+      grid.items[m].push_back(item);
+      grid.load[m] += costs[item], grid.tok[m] += lengths[item];
+    }
+    for (size_t st = 0; st < static_cast<size_t>(K); ++st) refine(grid, st);
+    return grid;
+  };
+  StepGrid grid = make_grid(slot_of);
+  // Heavy tails (still above search_above): also the layout aimed at step levels (step_levels); the better one.
+  if (!equal_count && search_rounds > 0 && K > 1 && step_balance(grid) > search_above) {
+    const std::vector<double> target = step_levels(ord, costs, static_cast<size_t>(K), udp);
+    if (pack_any(ord, lengths, costs, capacity, B, bin_of, load, room, &target)) {
+      StepGrid aimed = make_grid(bin_of);
+      if (step_balance(aimed) < step_balance(grid)) grid = std::move(aimed);
+    }
   }
-  // the local search step by step; final micro-batch (rank-major r * K + s) of each item
-  std::vector<std::vector<int64_t>> parts(static_cast<size_t>(dp));
-  std::vector<double> sload(static_cast<size_t>(dp));
-  std::vector<int64_t> stok(static_cast<size_t>(dp));
+  // Where a long item holds a step's maximum that no partner in its step can offset: the cross-step search, then
+  // the in-step search again on the steps it changed, until neither changes anything (a few passes at most).
+  if (search_rounds > 0 && step_balance(grid) > search_above) {
+    std::vector<char> changed;
+    int64_t left = search_rounds;
+    for (int pass = 0; pass < 8 && left > 0; ++pass) {
+      const int64_t made = search_across_steps(grid, lengths, costs, capacity, ord, !equal_count, left, changed);
+
+      if (made == 0) break;
+      left -= made;
+      for (size_t s = 0; s < static_cast<size_t>(K); ++s)
+        if (changed[s]) refine(grid, s);
+    }
+  }
+  // final micro-batch (rank-major r * K + s) of each item; sums recomputed (the searches update them incrementally)
   out.offsets.assign(B + 1, 0);
   out.tokens.assign(B, 0);
   out.costs.assign(B, 0.0);
   std::vector<int64_t>& final_of = bin_of;  // reused
-  for (int64_t s = 0; s < K; ++s) {
-    for (int64_t r = 0; r < dp; ++r) {
-      const size_t slot = static_cast<size_t>(s * dp + r);
-      parts[r].assign(by_slot.begin() + begin[slot], by_slot.begin() + begin[slot + 1]);
+  for (size_t s = 0; s < static_cast<size_t>(K); ++s) {
+    for (size_t r = 0; r < udp; ++r) {
+      const size_t mb = r * static_cast<size_t>(K) + s;
       double c = 0;
       int64_t t = 0;
-      for (int64_t item : parts[r]) c += costs[item], t += lengths[item];
-      sload[r] = c, stok[r] = t;
-    }
-    refine_step(parts, sload, stok, lengths, costs, capacity, !equal_count, refine_rounds);
-    for (int64_t r = 0; r < dp; ++r) {
-      const size_t mb = static_cast<size_t>(r * K + s);
-      double c = 0;
-      int64_t t = 0;
-      for (int64_t item : parts[r]) c += costs[item], t += lengths[item], final_of[item] = static_cast<int64_t>(mb);
+      for (int64_t item : grid.items[s * udp + r])
+        c += costs[item], t += lengths[item], final_of[item] = static_cast<int64_t>(mb);
       out.tokens[mb] = t, out.costs[mb] = c;
-      out.offsets[mb + 1] = static_cast<int64_t>(parts[r].size());
+      out.offsets[mb + 1] = static_cast<int64_t>(grid.items[s * udp + r].size());
     }
   }
   for (size_t mb = 0; mb < B; ++mb) out.offsets[mb + 1] += out.offsets[mb];

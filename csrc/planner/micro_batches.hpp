@@ -25,8 +25,12 @@ struct MicroBatchLayout {
 // items from the costliest rank to the cheapest ranks (up to 8 tried) while the cap holds and the step's maximum
 // falls. With equal_count: ranks by rounds of dp items (costliest to the cheapest rank), each rank's items into K
 // micro-batches as above, step k = every rank's k-th costliest, then swaps only (counts kept).
-// O(n log(K*dp)) plus the bounded local search; about 3.5 ms for 16,384 rollouts over dp 64 (2-core CPU).
+// Then, if the per-step balance is still above search_above, the cross-step search (step_search.hpp: moves/swaps
+// from a step's costliest micro-batch into micro-batches of other steps, at most search_rounds changes), each
+// pass followed by the in-step search on the steps it changed. search_rounds = 0: no cross-step search.
+// O(n log(K*dp)) plus the bounded local searches.
 MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity,
-                                  int64_t dp, int64_t K, bool equal_count, int refine_rounds = 256);
+                                  int64_t dp, int64_t K, bool equal_count, int refine_rounds = 256,
+                                  int64_t search_rounds = 0, double search_above = 1.0);
 
 }  // namespace packkit

@@ -68,17 +68,21 @@ py::dict plan(py::array_t<int64_t, py::array::c_style> lengths, int64_t capacity
 }
 
 // packkit.rl.micro_batches' layout at K micro-batches per rank: None if infeasible at K, else a dict with
-// order (items grouped by micro-batch rank * K + step, ascending), offsets, tokens, costs.
+// order (items grouped by micro-batch rank * K + step, ascending), offsets, tokens, costs. search_rounds > 0: the
+// cross-step search (step_search.hpp) where the balance is above search_above.
 py::object rl_micro_batches(py::array_t<int64_t, py::array::c_style> lengths,
                             py::array_t<double, py::array::c_style> costs, int64_t capacity, int64_t dp_size,
-                            int64_t num_micro_batches, bool equal_count, int refine_rounds) {
+                            int64_t num_micro_batches, bool equal_count, int refine_rounds, int64_t search_rounds,
+                            double search_above) {
   if (lengths.ndim() != 1 || costs.ndim() != 1 || lengths.shape(0) != costs.shape(0))
     throw packkit::InvalidInput("lengths and costs must be 1-D and of the same size");
+  if (refine_rounds < 0 || search_rounds < 0)
+    throw packkit::InvalidInput("refine_rounds and search_rounds must be >= 0");
   packkit::MicroBatchLayout result;
   try {
     py::gil_scoped_release no_gil;
     result = packkit::rl_micro_batches(lengths.data(), costs.data(), lengths.shape(0), capacity, dp_size,
-                                       num_micro_batches, equal_count, refine_rounds);
+                                       num_micro_batches, equal_count, refine_rounds, search_rounds, search_above);
   } catch (const std::invalid_argument& e) {
     throw packkit::InvalidInput(e.what());
   }
@@ -99,5 +103,6 @@ PYBIND11_MODULE(_planner, m) {
   m.def("plan", &plan, py::arg("lengths"), py::arg("capacity"), py::arg("algorithm"), py::arg("overlong"),
         py::arg("dp_size"), py::arg("cost_a"), py::arg("cost_b"), py::arg("cost_fn") = py::none());
   m.def("rl_micro_batches", &rl_micro_batches, py::arg("lengths"), py::arg("costs"), py::arg("capacity"),
-        py::arg("dp_size"), py::arg("num_micro_batches"), py::arg("equal_count"), py::arg("refine_rounds") = 256);
+        py::arg("dp_size"), py::arg("num_micro_batches"), py::arg("equal_count"), py::arg("refine_rounds") = 256,
+        py::arg("search_rounds") = 0, py::arg("search_above") = 1.0);
 }

@@ -5,7 +5,9 @@ micro-batches, so micro-batch ``k`` of rank 0 and of rank 7 are never balanced a
 although FSDP runs them in lock step. Here both decisions are one plan, made in C++
 (``packkit._planner.rl_micro_batches``, ``csrc/planner/micro_batches.cpp``): K micro-batches per rank (the bound
 ``ceil(ceil(tokens / max_tokens) / dp_size)``, else K + 1), each within ``max_tokens`` by construction, steps of
-``dp_size`` micro-batches of near-equal cost, ``equal_count`` and forced counts included. The older layouts below
+``dp_size`` micro-batches of near-equal cost, ``equal_count`` and forced counts included, then (heavy tails) the
+cross-step local search (``csrc/planner/step_search.cpp``; ``local_search.py`` is its Python reference, used by the
+tests only). The older layouts below
 (``ogbfd`` planner, capped longest-processing-time in numpy) run only when the C++ layout fits neither K nor K + 1.
 """
 from __future__ import annotations
@@ -20,14 +22,17 @@ import torch
 
 from .. import _planner
 from ..planning.planner import as_lengths, plan as make_plan
-from .local_search import refine_across_steps
 
 CostLike = Union[str, tuple, Callable, object]
 # Most micro-batches (over all ranks) one call lays out: each is a numpy index array (about 100 bytes empty),
 # so dp_size=10**9 would need ~100 GB before any sequence is placed. 2**20 is far beyond any real step
 # (16,384 ranks x 64 micro-batches).
 MAX_MICRO_BATCHES = 1 << 20
-SEARCH_ABOVE = 1.002  # per-step balance above which the cross-step local search runs
+# The cross-step local search (C++, csrc/planner/step_search.cpp) runs where the layout's per-step balance is above
+# SEARCH_ABOVE (heavy-tailed rollouts; typical batches come out of the layout within it), at most SEARCH_ROUNDS
+# changes per layout.
+SEARCH_ABOVE = 1.002
+SEARCH_ROUNDS = 400
 
 
 class MicroBatches:
@@ -238,12 +243,6 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
         made = _cpp_layout(lengths, costs, max_tokens, dp_size, attempt, equal_count, token_bound)
         if made is None:
             continue
-        # The cross-step search costs 10-200 ms on thousands of rollouts: only where the layout left a gap
-        # worth it (heavy-tailed rollouts); typical batches come out of the C++ layout within 1.002.
-        if made.balance > SEARCH_ABOVE and refine_across_steps(made.indices, lengths, costs, max_tokens,
-                                                              swaps_only=equal_count):
-            _refine_steps(made.indices, lengths, costs, max_tokens, moves=not equal_count)
-            made = MicroBatches(made.indices, lengths, costs, max_tokens, dp_size, token_bound, "cpp")
         if best is None or made.balance < best.balance:
             best = made
         # Still above the threshold at the bound K: K + 1 micro-batches per rank (within the promised bound + 1)
@@ -288,7 +287,8 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
 def _cpp_layout(lengths, costs, max_tokens, dp_size, k, equal_count, token_bound):
     """The C++ layout with ``k`` micro-batches per rank (``csrc/planner/micro_batches.hpp``), or None if some
     sequence fits in none of them."""
-    out = _planner.rl_micro_batches(lengths, costs, max_tokens, dp_size, k, equal_count)
+    out = _planner.rl_micro_batches(lengths, costs, max_tokens, dp_size, k, equal_count, search_rounds=SEARCH_ROUNDS,
+                                    search_above=SEARCH_ABOVE)
     if out is None:
         return None
     order, offsets = out["order"], out["offsets"]

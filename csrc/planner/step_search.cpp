@@ -1,0 +1,160 @@
+#include "step_search.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+
+namespace packkit {
+namespace {
+
+// Each step's costliest micro-batch (ties to the lower rank) and its two largest loads.
+struct StepTops {
+  std::vector<int64_t> top;
+  std::vector<double> first, second;
+
+  void update(const StepGrid& g, size_t s) {
+    const size_t dp = static_cast<size_t>(g.dp);
+    size_t hi = s * dp;
+    double a = g.load[hi], b = -std::numeric_limits<double>::infinity();
+    for (size_t m = s * dp + 1; m < (s + 1) * dp; ++m) {
+      const double x = g.load[m];
+      if (x > a) b = a, a = x, hi = m;
+      else if (x > b) b = x;
+    }
+    top[s] = static_cast<int64_t>(hi), first[s] = a, second[s] = b;
+  }
+};
+
+}  // namespace
+
+double step_balance(const StepGrid& g) {
+  const size_t dp = static_cast<size_t>(g.dp);
+  const size_t K = dp ? g.load.size() / dp : 0;
+  double sum_max = 0, total = 0;
+  for (size_t s = 0; s < K; ++s) {
+    double mx = g.load[s * dp];
+    for (size_t m = s * dp; m < (s + 1) * dp; ++m) mx = std::max(mx, g.load[m]), total += g.load[m];
+    sum_max += mx;
+  }
+  return total > 0 ? sum_max * static_cast<double>(dp) / total : 1.0;
+}
+
+int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* costs, int64_t capacity,
+                            const std::vector<int64_t>& by_cost, bool moves, int64_t max_rounds,
+                            std::vector<char>& changed) {
+  const size_t dp = static_cast<size_t>(g.dp);
+  const size_t B = g.load.size();
+  const size_t K = dp ? B / dp : 0;
+  changed.assign(K, 0);
+  if (dp < 2 || K < 2) return 0;
+  const size_t n = by_cost.size();
+  std::vector<int64_t> where(n);  // micro-batch of each item
+  double total = 0;
+  for (size_t m = 0; m < B; ++m) {
+    total += g.load[m];
+    for (int64_t item : g.items[m]) where[static_cast<size_t>(item)] = static_cast<int64_t>(m);
+  }
+  std::vector<double> sorted_cost(n);  // descending
+  for (size_t p = 0; p < n; ++p) sorted_cost[p] = costs[by_cost[p]];
+  const double eps = 1e-12 * std::max(total, 1.0);
+  StepTops tops{std::vector<int64_t>(K), std::vector<double>(K), std::vector<double>(K)};
+  for (size_t s = 0; s < K; ++s) tops.update(g, s);
+  std::vector<size_t> order;
+  order.reserve(K);
+  std::vector<double> slack(B);  // room under the step's maximum
+
+  // A step scanned without finding a change keeps none until it changes itself or until a micro-batch of another
+  // step changes: later rounds scan it only against the steps changed since (epochs), not the whole grid.
+  std::vector<int64_t> changed_at(K, 0), scanned_at(K, -1), fresh;
+  int64_t made = 0;
+  for (; made < max_rounds; ++made) {
+    double max_slack = 0;
+    for (size_t m = 0; m < B; ++m) {
+      slack[m] = tops.first[m / dp] - g.load[m];
+      max_slack = std::max(max_slack, slack[m]);
+    }
+    order.clear();
+    for (size_t s = 0; s < K; ++s)
+      if (tops.first[s] - tops.second[s] > eps) order.push_back(s);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return tops.first[a] - tops.second[a] > tops.first[b] - tops.second[b];
+    });
+    // The best change of the first step that has one: kind 1 = move item to micro-batch target, 2 = swap item with
+    // partner (in micro-batch target).
+    int kind = 0;
+    int64_t item = -1, partner = -1;
+    size_t src = 0, target = 0;
+    for (size_t s : order) {
+      src = static_cast<size_t>(tops.top[s]);
+      const double lead = tops.first[s] - tops.second[s];  // how far the step's maximum can fall
+      const bool whole = scanned_at[s] < changed_at[s];
+      fresh.clear();
+      if (!whole)
+        for (size_t t = 0; t < K; ++t)
+          if (t != s && changed_at[t] > scanned_at[s]) fresh.push_back(t);
+      double best = eps;
+      auto consider_move = [&](int64_t i, double c, int64_t li, size_t m) {
+        if (g.tok[m] + li > capacity) return;
+        const double net = std::min(c, lead) - std::max(0.0, c - slack[m]);
+        if (net > best) best = net, kind = 1, item = i, target = m;
+      };
+      auto consider_swap = [&](int64_t i, double c, int64_t li, int64_t j, size_t m) {
+        const double d = c - costs[j];
+        if (d <= best) return;  // gain <= d
+        const int64_t dl = li - lengths[j];
+        if (g.tok[m] + dl > capacity || g.tok[src] - dl > capacity) return;
+        const double net = std::min(d, lead) - std::max(0.0, d - slack[m]);
+        if (net > best) best = net, kind = 2, item = i, partner = j, target = m;
+      };
+      for (int64_t i : g.items[src]) {
+        const double c = costs[i];
+        const int64_t li = lengths[i];
+        if (std::min(c, lead) <= best) continue;  // no change of this item gains more than min(c, lead)
+        if (!whole) {
+          for (size_t t : fresh)
+            for (size_t m = t * dp; m < (t + 1) * dp; ++m) {
+              if (moves) consider_move(i, c, li, m);
+              for (int64_t j : g.items[m]) consider_swap(i, c, li, j, m);
+            }
+          continue;
+        }
+        if (moves)
+          for (size_t m = 0; m < B; ++m)
+            if (m / dp != s) consider_move(i, c, li, m);
+        // Swap partners j with d = c - c_j > best (gain <= d), while d < max_slack + lead - best (beyond it the
+        // rise of j's step outweighs any gain): a window of by_cost.
+        size_t p = static_cast<size_t>(
+            std::upper_bound(sorted_cost.begin(), sorted_cost.end(), c - best, std::greater<double>()) -
+            sorted_cost.begin());
+        for (; p < n && c - sorted_cost[p] < max_slack + lead - best; ++p) {
+          const int64_t j = by_cost[p];
+          const size_t m = static_cast<size_t>(where[static_cast<size_t>(j)]);
+          if (m / dp != s) consider_swap(i, c, li, j, m);
+        }
+      }
+      if (kind) break;
+      scanned_at[s] = made;
+    }
+    if (!kind) break;
+    auto take = [&](size_t m, int64_t x) {
+      auto& v = g.items[m];
+      *std::find(v.begin(), v.end(), x) = v.back();
+      v.pop_back();
+      g.load[m] -= costs[x], g.tok[m] -= lengths[x];
+    };
+    auto put = [&](size_t m, int64_t x) {
+      g.items[m].push_back(x);
+      g.load[m] += costs[x], g.tok[m] += lengths[x];
+      where[static_cast<size_t>(x)] = static_cast<int64_t>(m);
+    };
+    take(src, item);
+    if (kind == 2) take(target, partner), put(src, partner);
+    put(target, item);
+    tops.update(g, src / dp), tops.update(g, target / dp);
+    changed[src / dp] = changed[target / dp] = 1;
+    changed_at[src / dp] = changed_at[target / dp] = made + 1;
+  }
+  return made;
+}
+
+}  // namespace packkit

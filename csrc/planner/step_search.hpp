@@ -1,0 +1,33 @@
+// Cross-step local search for RL micro-batches: lowers sum over steps of the step's costliest micro-batch.
+// Pure C++17 (no torch, no Python); used by rl_micro_batches (micro_batches.cpp).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace packkit {
+
+// K steps of dp micro-batches, micro-batch m = step * dp + rank. load / tok are kept equal to the sums of costs /
+// lengths of items[m] by every change (incremental: nothing is rebuilt per round).
+struct StepGrid {
+  int64_t dp = 1;
+  std::vector<std::vector<int64_t>> items;
+  std::vector<double> load;
+  std::vector<int64_t> tok;
+};
+
+// An item of a step's costliest micro-batch moves (moves = true) or swaps with a cheaper item into a micro-batch of
+// *another* step that has room under its step's maximum and under `capacity`: the first step's maximum falls, the
+// other's rises by less. Each round applies the best such change of the first step (largest lead of its maximum
+// over its second costliest micro-batch first) that has one; every change strictly lowers the objective (by more
+// than 1e-12 of the total cost), the cap holds by construction, swaps keep every micro-batch's item count.
+// Stops when no step has an improving change, or after max_rounds changes. `by_cost` holds every item of the grid,
+// costliest first (ties in a fixed order): partners for swaps are found in a window of it. Deterministic.
+// Marks changed[s] for every step it changed; returns the number of changes made.
+int64_t search_across_steps(StepGrid& grid, const int64_t* lengths, const double* costs, int64_t capacity,
+                            const std::vector<int64_t>& by_cost, bool moves, int64_t max_rounds,
+                            std::vector<char>& changed);
+
+// sum over steps of the costliest micro-batch / sum over steps of the mean (1 when the grid holds no cost).
+double step_balance(const StepGrid& grid);
+
+}  // namespace packkit
