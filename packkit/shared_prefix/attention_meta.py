@@ -46,6 +46,12 @@ class SharedPrefixAttention:
         return (f"SharedPrefixAttention(rows={self.layout.num_rows}, row_len={self.layout.row_len}, "
                 f"nodes={len(self.layout.order)}, path={self.path!r})")
 
+    def bind_positions(self, position_ids: torch.Tensor) -> None:
+        """Check calls against ``position_ids`` from now on (a vision-language batch's text row, ``[4, R, S]``'s
+        row 0 view, which is what Qwen-VL models hand their attention layers)."""
+        self.position_ids = position_ids
+        self._positions_version = position_ids._version
+
     def positions_match(self, position_ids: Optional[torch.Tensor]) -> bool:
         """Whether ``position_ids`` are this batch's own packed positions, unmodified: the same storage, offset,
         shape and strides, and no in-place write since packing (host metadata only, no device sync)."""

@@ -27,6 +27,12 @@ _ATTENTION_LAYERS = {"full_attention", "sliding_attention", "attention", "global
 _RECURRENT_MODELS = ("mamba", "jamba", "falcon_h1", "qwen3_next", "bamba", "zamba", "nemotron_h", "granitemoehybrid",
                      "lfm2", "recurrent_gemma", "rwkv", "minimax", "xlstm", "olmo_hybrid", "kimi_linear")
 _FLAT_BATCH = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+# Qwen-VL vision towers (their sub-config's model_type). model.set_attn_implementation(name) on the whole model hands
+# every sub-config the name, so the tower's per-image bidirectional attention arrives here too: it runs transformers'
+# SDPA, as the tower does by default (each image is its own call, nothing shared). To keep another tower attention
+# (e.g. FlashAttention varlen on a GPU), set only the text model:
+# model.set_attn_implementation({"text_config": name}).
+VISION_TOWERS = ("qwen2_vl_vision", "qwen2_5_vl_vision", "qwen3_vl_vision", "qwen3_vl_moe_vision")
 
 
 def _check_model(module: torch.nn.Module) -> None:
@@ -55,6 +61,9 @@ def shared_prefix_attention_forward(module: torch.nn.Module, query: torch.Tensor
     """An HF attention function (``AttentionInterface``): query ``[B, H, S, D]``; returns ``([B, S, H, D], None)``.
     The keyword arguments are those of ``packkit.training.attention_args.ARGUMENTS``; any other is refused."""
     refuse_unknown(NAME, module, unknown)
+    if str(getattr(getattr(module, "config", None), "model_type", "")) in VISION_TOWERS:
+        return _vision_tower_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal,
+                                       (cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, seq_idx))
     if not isinstance(shared_prefix, SharedPrefixAttention):
         raise refusal(NAME, module, "a call without the batch's 'shared_prefix' entry", "call the model as "
                       "model(**batch, use_cache=False) with batch from packkit.shared_prefix.pack_groups / pack_tree")
@@ -103,6 +112,20 @@ def shared_prefix_attention_forward(module: torch.nn.Module, query: torch.Tensor
                           f"attention sinks are one logit per query head ([{heads}])")
         sink = s_aux
     return shared_prefix(query, key, value, scaling, softcap, sink), None
+
+
+def _vision_tower_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, flat):
+    """A Qwen-VL vision tower's call (one image, or one window, bidirectional): transformers' SDPA on it, the tower's
+    default attention, with the same arguments. A varlen call (``cu_seq_lens``: the tower believes it runs flash
+    attention) is refused: SDPA would let the images see each other."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    given = [n for n, v in zip(_FLAT_BATCH, flat) if v is not None]
+    if given:
+        raise refusal(NAME, module, f"{', '.join(given)} in the vision tower", "set only the text model: "
+                      "model.set_attn_implementation({'text_config': name})")
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=False if is_causal is None else is_causal)
 
 
 def register_attention(name: str = NAME) -> str:

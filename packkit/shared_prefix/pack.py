@@ -19,6 +19,7 @@ from .layout import ScoreIndex, TreeLayout, score_index, tree_layout
 from .planning import TreePlan, plan_trees
 from .radix import build_tree
 from .tree import PrefixForest, groups_forest
+from .vision import VisionReport, check_text_tokens, source_rows, split_prompts, vision_batch
 
 NEGATIVE_TOKEN = 4  # the status bit (checks.STATUS_ERRORS) of a negative token id found on the device
 
@@ -46,6 +47,8 @@ class SharedPrefixInfo(NamedTuple):
             non-zero (``checks.STATUS_ERRORS`` bits) when a token id is negative: read it with
             :func:`packkit.shared_prefix.check_status` at a natural sync.
         attention: the batch's ``shared_prefix`` entry (it counts the attention calls made with it).
+        vision: a :class:`packkit.shared_prefix.vision.VisionReport` for a vision-language batch (``mrope=``),
+            else None.
     """
 
     forest: PrefixForest
@@ -64,6 +67,7 @@ class SharedPrefixInfo(NamedTuple):
     max_token_id: Optional[int] = None
     status: Optional[torch.Tensor] = None
     attention: Optional[SharedPrefixAttention] = None
+    vision: Optional[VisionReport] = None
 
     @property
     def num_sequences(self) -> int:
@@ -172,11 +176,14 @@ def _check_host_tokens(forest: PrefixForest, pad_id: int) -> Optional[int]:
 
 def pack_groups(prompts, completions, *, capacity: Optional[int] = None, labels=None, device=None,
                 backend: str = "auto", attention: str = "auto", overlong: str = "error", algorithm: str = "obfd",
-                dp_size: int = 1, cost="tokens", pad_id: int = 0) -> tuple[dict, SharedPrefixInfo]:
+                dp_size: int = 1, cost="tokens", pad_id: int = 0, mrope=None) -> tuple[dict, SharedPrefixInfo]:
     """GRPO groups / DPO pairs -> one shared-prefix batch: each prompt once, then its completions.
 
     Args:
-        prompts: ``prompts[g]``: group ``g``'s prompt (token list, numpy array or 1-D tensor; may be empty).
+        prompts: ``prompts[g]``: group ``g``'s prompt (token list, numpy array or 1-D tensor; may be empty), or,
+            with ``mrope``, one processor output for one sample: a dict of ``input_ids`` and any of
+            ``pixel_values`` + ``image_grid_thw``, ``pixel_values_videos`` + ``video_grid_thw`` (+
+            ``second_per_grid_ts``), ``mm_token_type_ids`` (``attention_mask``, all ones, is accepted).
         completions: ``completions[g]``: the list of group ``g``'s completions (each may be empty; G >= 1).
         capacity: tokens per row. None: one flat row ``[1, T]`` of exactly the tree tokens. Given: rows of
             ``capacity`` (``[R, capacity]``, padding at each row's end) planned over whole groups; a group over
@@ -189,6 +196,11 @@ def pack_groups(prompts, completions, *, capacity: Optional[int] = None, labels=
         algorithm, dp_size, cost: the row planner's (:func:`packkit.plan`), over trees; checked even without
             ``capacity`` (where ``dp_size`` must be 1: there is one row).
         pad_id: the token of padding (an int >= 0, fed to the model like any token).
+        mrope: a Qwen2-VL / Qwen2.5-VL / Qwen3-VL config (or model), as ``PackingCollator(mrope=...)``: the batch
+            then has ``position_ids`` ``[4, R, S]`` (row 0 the tree's text positions, rows 1-3 the model's mRoPE
+            rows; a completion continues from its prompt exactly as ``get_rope_index`` on prompt + completion),
+            ``mm_token_type_ids`` and each group's vision tensors once (``info.vision``; a split sub-group
+            re-carries its prompt's images).
 
     Every argument is checked before anything is planned or allocated (``docs/shared_prefix.md``, "Argument
     rules"): token ids must be ints >= 0; a batch may not hold more than ``max(2**22, 4 x tokens)`` token
@@ -202,9 +214,22 @@ def pack_groups(prompts, completions, *, capacity: Optional[int] = None, labels=
     :func:`completion_logprobs`.
     """
     _check_pack_args(capacity, algorithm, dp_size, cost, overlong, device, backend, attention, pad_id)
+    prompts, vision = split_prompts(prompts, mrope)
     forest = groups_forest(prompts, completions, labels)
+    if vision is not None:
+        check_text_tokens(forest, vision.spec, pad_id)
+        src_rows, src_types = source_rows(vision, forest)
     tree_plan = plan_trees(forest, capacity, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
-    return pack_forest(tree_plan, device=device, backend=backend, attention=attention, pad_id=pad_id)
+    batch, info = pack_forest(tree_plan, device=device, backend=backend, attention=attention, pad_id=pad_id)
+    if vision is None:
+        return batch, info
+    roots = forest.roots()
+    sizes = np.diff(np.append(roots, forest.num_nodes)) - 1
+    extra, report = vision_batch(vision, src_rows, src_types, forest.src[roots], sizes, info.forest, info.layout,
+                                 batch["position_ids"], batch["input_ids"].device)
+    batch.update(extra)
+    info.attention.bind_positions(batch["position_ids"][0])  # Qwen-VL models hand their layers row 0
+    return batch, info._replace(vision=report)
 
 
 def _check_pack_args(capacity, algorithm, dp_size, cost, overlong, device, backend, attention, pad_id) -> None:
