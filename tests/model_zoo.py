@@ -155,9 +155,6 @@ def zoo_session():
     patch = pytest.MonkeyPatch()
     _SESSION.append(patch)
     eager_flex_attention(patch)
-    from packkit.training import hf_attention
-
-    patch.setattr(hf_attention, "_varlen_kernel", lambda: per_document_kernel)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: threads only add contention
     try:
@@ -168,26 +165,6 @@ def zoo_session():
         patch.undo()
         for cache in CACHES:
             cache.cache_clear()
-
-
-def per_document_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window=None):
-    """The contract of packkit_varlen's kernel (torch's varlen_attn: CUDA only), one SDPA call per document, in
-    any dtype: a query i sees keys j <= i (causal) with i - j < window. The zoo checks packkit's wiring with it."""
-    bounds = cu_q.tolist()
-    if not torch.equal(cu_q, cu_k) or bounds[0] != 0 or bounds[-1] != q.shape[0]:
-        raise AssertionError(f"bad cu_seqlens {bounds} for {q.shape[0]} tokens")
-    out = []
-    for a, b in zip(bounds, bounds[1:]):
-        i = torch.arange(b - a)
-        mask = torch.ones(b - a, b - a, dtype=torch.bool)
-        if causal:
-            mask &= i[None, :] <= i[:, None]
-        if window is not None:
-            mask &= i[:, None] - i[None, :] < window
-        out.append(torch.nn.functional.scaled_dot_product_attention(
-            q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), attn_mask=mask,
-            scale=scale).transpose(0, 1))
-    return torch.cat(out)
 
 
 # -- models ---------------------------------------------------------------------------------------------------

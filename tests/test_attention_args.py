@@ -2,9 +2,9 @@
 
 * The table (``packkit.training.attention_args.ARGUMENTS``) is exactly each function's keyword list, and covers what
   transformers 5.x passes for several model families (recorded by running them).
-* ``packkit_varlen`` (CUDA-only kernel): every refusal fires on CPU tensors before the kernel would; the sliding
-  window reaches the kernel and, with a per-document reference kernel, matches per-sample Mistral SDPA (a kernel
-  ignoring it fails the same check); non-causal layers run non-causal.
+* ``packkit_varlen`` (torch's varlen_attn on CUDA, packkit's per-document attention on the CPU): every refusal fires
+  before a kernel runs; the sliding window (keyword or read from the layer) and Llama 4 chunks reach the CPU kernel
+  and match per-sample SDPA (a kernel ignoring them fails the same check); non-causal layers run non-causal.
 * ``packkit_shared_prefix``: positions must be the batch's own tensor (a call without ``position_ids`` is refused,
   so is a copy); a user ``attention_mask`` is refused for both functions although transformers never hands it to
   them; dropout, a KV cache, non-causal layers, short windows, flat-batch metadata, bad sinks are refused naming the
@@ -99,8 +99,12 @@ def _varlen(module=None, length=6, **kw):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"position_bias": torch.zeros(1)}, "model type 'gemma_x'.*position_bias.*neither implements nor knows"),
-    ({"softcap": 50.0}, "model type 'gemma_x'.*soft-capping \\(softcap=50.0\\) is refused"),
-    ({"s_aux": torch.zeros(4)}, "model type 'gemma_x'.*attention sinks \\(s_aux\\) is refused"),
+    ({"softcap": 0.0}, "model type 'gemma_x'.*softcap=0.0 is refused: a soft-cap must be a number > 0"),
+    ({"s_aux": torch.zeros(2)}, "model type 'gemma_x'.*s_aux of shape \\(2,\\) is refused.*shape \\(4,\\)"),
+    ({"cu_seq_lens_q": torch.tensor([0, 4])}, "model type 'gemma_x'.*cu_seq_lens_q = \\[0, 4\\] is refused.*6 tokens"),
+    ({"cu_seq_lens_q": torch.tensor([0, 4, 2, 6])}, "cu_seq_lens_q = \\[0, 4, 2, 6\\] is refused"),
+    ({"cu_seq_lens_k": torch.tensor([[0, 6]])}, "cu_seq_lens_k of shape \\(1, 2\\)"),
+    ({"max_length_q": 5}, "max_length 5 below the longest document of cu_seq_lens_q \\(6\\)"),
     ({"dropout": 0.1}, "model type 'gemma_x'.*attention dropout \\(0.1\\) is refused"),
     ({"output_attentions": True}, "output_attentions=True is refused"),
     ({"shared_prefix": object()}, "a shared-prefix batch is refused"),
@@ -110,16 +114,21 @@ def test_varlen_refuses_by_name_before_the_kernel(kwargs, match):
         _varlen(_module("gemma_x"), **kwargs)
 
 
-def test_varlen_refuses_cached_keys_and_windows_it_cannot_run(monkeypatch):
+def test_varlen_refuses_cached_keys_devices_dtypes_and_windows_it_cannot_run():
     q, kv = torch.zeros(1, 4, 1, 8), torch.zeros(1, 2, 6, 8)
     with pytest.raises(ValueError, match="cached keys \\(6 keys for 1 queries\\)"):
         hf_attention.varlen_attention_forward(_module(), q, kv, kv, None, cu_seq_lens_q=torch.tensor([0, 1]),
                                               max_length_q=1)
     with pytest.raises(ValueError, match="sliding window of 3 on a non-causal layer"):
         _varlen(_module(causal=False), sliding_window=3)
-    monkeypatch.setattr(hf_attention, "_has_window", lambda: False)
-    with pytest.raises(ValueError, match="model type 'llama'.*sliding window of 3 tokens.*no window_size"):
-        _varlen(sliding_window=3)
+    q = torch.zeros(1, 4, 6, 8, device="meta")
+    with pytest.raises(ValueError, match="model type 'llama'.*tensors on meta is refused"):
+        hf_attention.varlen_attention_forward(_module(), q, q, q, None, cu_seq_lens_q=torch.tensor([0, 6]),
+                                              max_length_q=6)
+    q = torch.zeros(1, 4, 6, 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="torch.int32 on the CPU is refused"):
+        hf_attention.varlen_attention_forward(_module(), q, q, q, None, cu_seq_lens_q=torch.tensor([0, 6]),
+                                              max_length_q=6)
 
 
 def test_varlen_kernel_modes():
@@ -155,7 +164,8 @@ QWEN2_MOE_WINDOW = dict(use_sliding_window=True, sliding_window=3, max_window_la
 
 
 def _varlen_mistral_error(monkeypatch, kernel, kind="mistral", **overrides):
-    monkeypatch.setattr(hf_attention, "_varlen_kernel", lambda: kernel)
+    if kernel is not None:
+        monkeypatch.setattr(hf_attention, "_cpu_kernel", kernel)
     model = _tiny(kind, **overrides).to(torch.float64)
     seqs = [[3, 9, 4, 17, 22, 5, 8], [11, 2, 6], [7, 30, 12, 1, 9]]
     with torch.no_grad():
@@ -167,15 +177,24 @@ def _varlen_mistral_error(monkeypatch, kernel, kind="mistral", **overrides):
     return max(float((logits[a:a + len(s)] - ref).abs().max()) for a, s, ref in zip(starts, seqs, alone))
 
 
-def test_varlen_sliding_window_reaches_the_kernel(monkeypatch):
-    """Mistral, window 3, documents of 7, 3 and 5 tokens: equal to per-sample SDPA; a kernel that drops the
-    window fails the same comparison."""
-    assert _varlen_mistral_error(monkeypatch, windowed_per_document) <= 1e-12
+_REAL_CPU_KERNEL = hf_attention._cpu_kernel
+DROPPED = []
 
-    def dropping(*args, window=None):
-        assert window == 3
-        return windowed_per_document(*args)
-    assert _varlen_mistral_error(monkeypatch, dropping) > 1e-3
+
+def _dropping_window(*args, window=None, **kwargs):  # the CPU kernel losing the window (a control)
+    DROPPED.append(window)
+    return _REAL_CPU_KERNEL(*args, **kwargs)
+
+
+def test_varlen_sliding_window_reaches_the_kernel(monkeypatch):
+    """Mistral, window 3, documents of 7, 3 and 5 tokens, the CPU per-document attention: equal to per-sample SDPA;
+    the reference kernel of the same contract agrees; a kernel that drops the window fails the same comparison."""
+    assert _varlen_mistral_error(monkeypatch, None) <= 1e-12
+    assert _varlen_mistral_error(monkeypatch, lambda *a, window=None, **k: windowed_per_document(
+        *a, window=window)) <= 1e-12
+    DROPPED.clear()
+    assert _varlen_mistral_error(monkeypatch, _dropping_window) > 1e-3
+    assert set(DROPPED) == {3}
 
 
 def test_varlen_window_of_a_model_that_passes_none():
@@ -183,9 +202,9 @@ def test_varlen_window_of_a_model_that_passes_none():
     config.layer_types), so the packed run still equals per-sample SDPA; the shared-prefix attention refuses it."""
     mp = pytest.MonkeyPatch()
     try:
-        assert _varlen_mistral_error(mp, windowed_per_document, "qwen2_moe", **QWEN2_MOE_WINDOW) <= 1e-12
-        assert _varlen_mistral_error(mp, lambda *a, window=None: windowed_per_document(*a), "qwen2_moe",
-                                     **QWEN2_MOE_WINDOW) > 1e-3  # control: the window lost
+        assert _varlen_mistral_error(mp, None, "qwen2_moe", **QWEN2_MOE_WINDOW) <= 1e-12
+        mp.undo()
+        assert _varlen_mistral_error(mp, _dropping_window, "qwen2_moe", **QWEN2_MOE_WINDOW) > 1e-3  # control
     finally:
         mp.undo()
     model, batch = _shared("qwen2_moe", **QWEN2_MOE_WINDOW)
@@ -207,10 +226,13 @@ def test_layer_limits_and_chunked_layers(monkeypatch):
     module.config.layer_types[2] = "full_attention"
     assert attention_args.layer_limits(module, None) == (None, None)
     module.layer_idx = 1
-    monkeypatch.setattr(hf_attention, "_varlen_kernel", lambda: lambda *a, **k: a[0])
-    with pytest.raises(ValueError, match="model type 'llama4_text'.*attention_chunk_size=4, shorter than the longest"):
-        _varlen(module, length=6)
+    calls = []
+    monkeypatch.setattr(hf_attention, "_cpu_kernel", lambda *a, **k: calls.append(k) or a[0])
+    _varlen(module, length=6)  # the CPU kernel gets the chunk
     _varlen(module, length=4)  # one chunk holds every document: no effect
+    assert calls == [{"softcap": None, "sink": None, "chunk": 4}, {"softcap": None, "sink": None}]
+    with pytest.raises(ValueError, match="model type 'llama4_text'.*attention_chunk_size=4\\) on a non-causal layer"):
+        _varlen(module, length=6, is_causal=False)
     attn = sp.pack_groups(PROMPTS, COMPLETIONS)[0]
     q = torch.zeros(1, 4, attn["input_ids"].shape[1], 8)
     with pytest.raises(ValueError, match="attention_chunk_size=4, shorter than the longest tree path"):
@@ -220,11 +242,12 @@ def test_layer_limits_and_chunked_layers(monkeypatch):
 
 def test_varlen_non_causal_layer_runs_non_causal(monkeypatch):
     calls = []
-    monkeypatch.setattr(hf_attention, "_varlen_kernel", lambda: lambda *a, **k: calls.append((a[8], k)) or a[0])
+    monkeypatch.setattr(hf_attention, "_cpu_kernel", lambda *a, **k: calls.append((a[8], k.get("window"))) or a[0])
     _varlen(_module(causal=False))
     _varlen(_module(causal=True), is_causal=False)
     _varlen(_module(), sliding_window=6)  # as long as the longest document: no window needed
-    assert calls == [(False, {}), (False, {}), (True, {})]
+    _varlen(_module(), sliding_window=5)
+    assert calls == [(False, None), (False, None), (True, None), (True, 5)]
 
 
 # --- shared-prefix: positions, masks and the refusals, through real models -----------------------------------

@@ -26,7 +26,7 @@ class Arg(NamedTuple):
 _NOT_INPUT = "not an attention input: accepted, unused"
 ARGUMENTS = {
     "dropout": Arg("attention-probability dropout (config.attention_dropout in training)",
-                   "0 implemented; > 0 refused: varlen_attn has no dropout",
+                   "0 implemented; > 0 refused: neither varlen_attn nor the CPU per-document attention has dropout",
                    "0 implemented; > 0 refused: every branch would share one dropout draw of its prefix"),
     "scaling": Arg("the score scale (None: head_dim ** -0.5)", "implemented", "implemented"),
     "is_causal": Arg("False for encoders / bidirectional layers (also read from module.is_causal)",
@@ -34,17 +34,20 @@ ARGUMENTS = {
                      "True implemented; False refused: tree attention is causal"),
     "sliding_window": Arg("a query sees keys with q - k < sliding_window (also read from module.sliding_window and "
                           "config.layer_types, which some models window through the mask only; chunked layers "
-                          "(attention_chunk_size) likewise: implemented when the chunk is at least the longest "
-                          "document / path, refused shorter)",
-                          "implemented: torch's window_size=(w - 1, 0) when shorter than max_length_q (refused on a "
-                          "torch without window_size, and for non-causal layers, where transformers' mask and flash "
-                          "paths disagree by one token)",
+                          "(attention_chunk_size) likewise, read from the layer: no effect when the chunk is at least "
+                          "the longest document / path)",
+                          "implemented when shorter than max_length_q: CUDA torch's window_size=(w - 1, 0) (refused on "
+                          "a torch without window_size), CPU a per-document mask (q - k < w); chunks shorter than a "
+                          "document: CPU a per-document chunk mask, CUDA refused; both refused for non-causal layers, "
+                          "where transformers' mask and flash paths disagree by one token",
                           "implemented when >= the longest tree path (no effect); shorter refused"),
     "softcap": Arg("Gemma 2 logit soft-capping: scores -> softcap * tanh(scores / softcap) before the softmax",
-                   "refused: varlen_attn has no soft-capping",
+                   "CPU implemented: the per-document math, exact gradient; CUDA refused: varlen_attn has no "
+                   "soft-capping",
                    "implemented: dense / two-pass math, Flex score_mod"),
     "s_aux": Arg("GPT-OSS attention sinks: one logit per head joins every row's softmax, no value",
-                 "refused: varlen_attn's LSE has no gradient",
+                 "CPU implemented: out * exp(lse - logaddexp(lse, sink)), with the sink's gradient; CUDA refused: "
+                 "varlen_attn's LSE has no gradient",
                  "implemented: out * exp(lse - logaddexp(lse, sink)), with the sink's gradient"),
     "position_ids": Arg("the token positions the model's rotary embedding used",
                         "not read: documents come from cu_seq_lens_q",

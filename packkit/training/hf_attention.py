@@ -10,8 +10,12 @@ has no attention implementation that calls it; this module adds one::
     model(**batch, use_cache=False).loss
 
 The model passes the batch's ``cu_seq_lens_q`` / ``max_length_q`` (which the collator returns) through
-to every attention layer. ``varlen_attn`` needs CUDA tensors in fp16 or bf16. Every keyword argument the model
-passes is implemented or refused by name (``attention_args.ARGUMENTS``); so is a user's ``attention_mask``.
+to every attention layer. On CUDA it calls ``varlen_attn`` (fp16 / bf16). On the CPU it runs packkit's per-document
+attention (``doc_attention``: torch's CPU flash kernel per document, fp32 / fp64 / bf16 / fp16, forward and
+backward), so a packed row costs ``sum(l ** 2)`` of its documents rather than the row's square (SDPA with a block
+mask), with sliding windows, chunked layers, soft-capping and attention sinks implemented exactly. Every keyword
+argument the model passes is implemented or refused by name (``attention_args.ARGUMENTS``); so is a user's
+``attention_mask``.
 """
 from __future__ import annotations
 
@@ -21,8 +25,10 @@ from typing import Optional
 import torch
 
 from .attention_args import layer_limits, refusal, refuse_unknown, register
+from .doc_attention import doc_attention, spans
 
 NAME = "packkit_varlen"
+CPU_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
 def _varlen_api():
@@ -61,10 +67,31 @@ def _varlen_kernel():
     def run(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window=None):
         mode = _kernel_mode(params, causal, window)
         if q.device.type != "cuda":
-            raise ValueError(f"varlen attention runs on CUDA tensors only (FlashAttention); got {q.device}. "
-                             "Use attn_implementation='sdpa' on the CPU")
+            raise ValueError(f"torch's varlen_attn runs on CUDA tensors only (FlashAttention); got {q.device}")
         return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, **mode)
     return run
+
+
+def _cpu_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window=None, chunk=None, softcap=None, sink=None):
+    """The CPU kernel: packkit's per-document attention (``doc_attention``: torch's CPU flash kernel per document,
+    the same helper the shared-prefix two-pass path runs), with windows, chunks, soft-capping and sinks."""
+    p = spans(cu_q, cu_k, max_q, max_k, causal)
+    return doc_attention(q, k, v, p, scale, softcap, sink, window, chunk)
+
+
+def _check_cpu_boundaries(module, cu_q, cu_k, max_q, max_k, tokens: int) -> None:
+    """A CPU batch's boundaries are host data: check them (free) so that no token is left out of every document."""
+    for name, cu, longest in (("cu_seq_lens_q", cu_q, max_q), ("cu_seq_lens_k", cu_k, max_k)):
+        if cu.dim() != 1 or cu.numel() < 2 or cu.is_floating_point():
+            raise refusal(NAME, module, f"{name} of shape {tuple(cu.shape)} and dtype {cu.dtype}",
+                          "it must be a 1-D integer tensor [0, ..., tokens] of at least 2 entries")
+        lengths = cu[1:] - cu[:-1]
+        if int(cu[0]) != 0 or int(cu[-1]) != tokens or bool((lengths < 0).any()):
+            raise refusal(NAME, module, f"{name} = {cu.tolist()[:8]}{'...' if cu.numel() > 8 else ''}",
+                          f"it must rise from 0 to the batch's {tokens} tokens (batch * sequence length)")
+        if int(lengths.max()) > int(longest):
+            raise refusal(NAME, module, f"max_length {int(longest)} below the longest document of {name} "
+                          f"({int(lengths.max())})", "pass the batch's own max_length_q / max_length_k")
 
 
 def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -78,8 +105,10 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
                              num_items_in_batch=None, **unknown):
     """An HF attention function (``AttentionInterface``): query ``[B, H, S, D]``, key/value
     ``[B, H_kv, S, D]``; returns ``([B, S, H, D], None)``. The ``B * S`` tokens are one packed stream
-    cut by ``cu_seq_lens_q`` (a packkit batch, flat or padded: padding is its own segment). The keyword
-    arguments are those of ``packkit.training.attention_args.ARGUMENTS``; any other is refused."""
+    cut by ``cu_seq_lens_q`` (a packkit batch, flat or padded: padding is its own segment). CUDA: torch's
+    ``varlen_attn``; CPU: per-document attention (fp32 / fp64 / bf16 / fp16), whose cost is the documents' own
+    ``sum(l ** 2)``. The keyword arguments are those of ``packkit.training.attention_args.ARGUMENTS``; any other is
+    refused."""
     refuse_unknown(NAME, module, unknown)
     if shared_prefix is not None:
         raise refusal(NAME, module, "a shared-prefix batch", "call model.set_attn_implementation("
@@ -92,16 +121,32 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         raise refusal(NAME, module, "an attention_mask", "varlen attention takes no attention_mask: documents are "
                       "cut by cu_seq_lens_q; drop the mask (a packkit batch has none unless return_block_mask=True)")
     if dropout:
-        raise refusal(NAME, module, f"attention dropout ({dropout})", "varlen_attn has no dropout; set the model "
-                      "config's attention_dropout to 0 or call model.eval()")
+        raise refusal(NAME, module, f"attention dropout ({dropout})", "varlen attention has no dropout; set the "
+                      "model config's attention_dropout to 0 or call model.eval()")
     if output_attentions:
         raise refusal(NAME, module, "output_attentions=True", "no attention weights are formed; call without it")
+    device = query.device.type
+    if device not in ("cpu", "cuda"):
+        raise refusal(NAME, module, f"tensors on {query.device}", "varlen attention runs on CUDA (torch's "
+                      "varlen_attn) and on the CPU (per-document attention); use attn_implementation='sdpa'")
+    if device == "cpu" and query.dtype not in CPU_DTYPES:
+        raise refusal(NAME, module, f"{query.dtype} on the CPU", "the CPU per-document attention runs float64, "
+                      "float32, bfloat16 and float16")
     if softcap is not None:
-        raise refusal(NAME, module, f"attention logit soft-capping (softcap={softcap})",
-                      "torch's varlen_attn has no soft-capping; use attn_implementation='flex_attention' or 'eager'")
+        if device == "cuda":
+            raise refusal(NAME, module, f"attention logit soft-capping (softcap={softcap}) on CUDA",
+                          "torch's varlen_attn has no soft-capping; use attn_implementation='flex_attention' or "
+                          "'eager' (the CPU per-document attention implements it)")
+        if not (isinstance(softcap, (int, float)) and softcap > 0):
+            raise refusal(NAME, module, f"softcap={softcap!r}", "a soft-cap must be a number > 0 (or None)")
     if s_aux is not None:
-        raise refusal(NAME, module, "attention sinks (s_aux)", "torch's varlen_attn cannot apply them with an "
-                      "exact gradient; use attn_implementation='flex_attention' or 'eager'")
+        if device == "cuda":
+            raise refusal(NAME, module, "attention sinks (s_aux) on CUDA", "torch's varlen_attn cannot apply them "
+                          "with an exact gradient; use attn_implementation='flex_attention' or 'eager' (the CPU "
+                          "per-document attention implements them)")
+        if not isinstance(s_aux, torch.Tensor) or tuple(s_aux.shape) != (query.shape[1],):
+            raise refusal(NAME, module, f"s_aux of shape {tuple(getattr(s_aux, 'shape', ()))}",
+                          f"attention sinks are one logit per query head, shape ({query.shape[1]},)")
     if key.shape[-2] != query.shape[-2]:
         raise refusal(NAME, module, f"cached keys ({key.shape[-2]} keys for {query.shape[-2]} queries)",
                       "the packed documents are the whole sequence; call the model with use_cache=False")
@@ -110,18 +155,24 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     longest = max(int(max_length_q), int(max_k))
     sliding_window, chunk = layer_limits(module, sliding_window)
+    limits = {}
     if chunk is not None and chunk < longest:
-        raise refusal(NAME, module, f"chunked attention (attention_chunk_size={chunk}, shorter than the longest "
-                      f"document, {longest})", "varlen_attn has no chunked mask; use attn_implementation='sdpa'")
-    window = {}
+        if device == "cuda":
+            raise refusal(NAME, module, f"chunked attention (attention_chunk_size={chunk}, shorter than the longest "
+                          f"document, {longest}) on CUDA", "varlen_attn has no chunked mask; use "
+                          "attn_implementation='sdpa' (the CPU per-document attention implements it)")
+        if not causal:
+            raise refusal(NAME, module, f"chunked attention (attention_chunk_size={chunk}) on a non-causal layer",
+                          "chunks are implemented for causal layers only")
+        limits["chunk"] = int(chunk)
     if sliding_window is not None and sliding_window < longest:
         if not causal:
             raise refusal(NAME, module, f"a sliding window of {sliding_window} on a non-causal layer",
                           "transformers' mask (|q - k| <= w) and flash (|q - k| < w) definitions differ")
-        if not _has_window():
+        if device == "cuda" and not _has_window():
             raise refusal(NAME, module, f"a sliding window of {sliding_window} tokens (shorter than the longest "
                           f"document, {max_length_q})", f"torch {torch.__version__}'s varlen_attn has no window_size")
-        window = {"window": int(sliding_window)}
+        limits["window"] = int(sliding_window)
     batch, heads, length, dim = query.shape
     # [B, H, S, D] -> [B*S, H, D]: the packed token order the cu_seqlens index.
     q = query.transpose(1, 2).reshape(batch * length, heads, dim)
@@ -130,8 +181,14 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     if k.shape[1] != heads:  # grouped-query attention: every query head gets its key/value head
         k = k.repeat_interleave(heads // k.shape[1], dim=1)
         v = v.repeat_interleave(heads // v.shape[1], dim=1)
-    out = _varlen_kernel()(q, k, v, cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32), int(max_length_q),
-                           int(max_k), scaling, causal, **window)
+    if device == "cpu":
+        _check_cpu_boundaries(module, cu_seq_lens_q, cu_k, max_length_q, max_k, batch * length)
+        scale = dim ** -0.5 if scaling is None else float(scaling)
+        out = _cpu_kernel(q, k, v, cu_seq_lens_q, cu_k, int(max_length_q), int(max_k), scale, causal,
+                          softcap=softcap, sink=s_aux, **limits)
+    else:
+        out = _varlen_kernel()(q, k, v, cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32), int(max_length_q),
+                               int(max_k), scaling, causal, **limits)
     return out.reshape(batch, length, heads, out.shape[-1]), None
 
 

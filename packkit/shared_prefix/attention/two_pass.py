@@ -16,16 +16,12 @@ ring-attention method: each pass's flash backward is called with the *merged* ou
 the full one restricted to its keys, and ``D = rowsum(dout * out)`` is the full one), with ``dout`` zeroed and
 ``lse = +inf`` for the queries it masks; the gradients add up. No gradient flows through an LSE.
 
-Backends: CUDA fp16/bf16 call torch's own flash ops (``aten::_flash_attention_forward/_backward``); the CPU calls
-torch's fused CPU flash kernels per sequence (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its
-backward, which take the merged output and LSE; fp32 and fp64); CUDA fp32/fp64 runs the same math per sequence
-with matmuls. Memory is per sequence, never ``T x T``.
-
-Soft-capping (Gemma 2, ``softcap``) changes the scores before every pass's LSE; no fused kernel here takes it, so a
-soft-capped call runs the per-sequence math on every device (its backward multiplies ``dS`` by ``1 - (s / c)^2``).
-An attention sink (GPT-OSS ``s_aux``, one logit per head) is folded into the merged LSE, ``lse' = logaddexp(lse,
-sink)``, ``out' = out * exp(lse - lse')``; the passes' backward then runs with ``out'`` / ``lse'``, and
-``d sink = -sum over rows of exp(sink - lse') * rowsum(dout * out')``.
+Each pass runs through ``packkit.training.doc_attention`` (:func:`varlen_forward` / :func:`varlen_backward`, the
+per-document attention ``packkit_varlen`` runs on the CPU too): CUDA fp16/bf16 call torch's own flash ops, the CPU
+torch's fused CPU flash kernels per sequence (given the merged output and LSE in the backward), anything else (and
+any soft-capped call, Gemma 2 ``softcap``) the same math per sequence with matmuls. Memory is per sequence, never
+``T x T``. An attention sink (GPT-OSS ``s_aux``, one logit per head) is folded into the merged LSE (``with_sink``);
+the passes' backward then runs with the folded output / LSE, and the sink's gradient is ``sink_grad``.
 """
 from __future__ import annotations
 
@@ -35,6 +31,7 @@ import numpy as np
 import torch
 
 from ...packing.tensors import host_tensor, to_device
+from ...training.doc_attention import sink_grad, varlen_backward, varlen_forward, with_sink
 from ..layout import TreeLayout
 
 
@@ -112,107 +109,6 @@ def varlen_passes(layout: TreeLayout, device: torch.device) -> list:
     return passes
 
 
-# --- one pass: CUDA flash ops, or the same math per sequence --------------------------------------------------
-def _use_flash(q: torch.Tensor, softcap: Optional[float] = None) -> bool:
-    # torch's aten flash ops take no soft-cap: a soft-capped call runs the per-sequence math instead.
-    return q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) and softcap is None
-
-
-def _bhld(x: torch.Tensor) -> torch.Tensor:  # [L, H, D] -> [1, H, L, D]
-    return x.transpose(0, 1).unsqueeze(0)
-
-
-def _lhd(x: torch.Tensor) -> torch.Tensor:  # [1, H, L, D] -> [L, H, D]
-    return x[0].transpose(0, 1)
-
-
-def _sequences(p: VarlenPass):
-    """(q range, k range) of every sequence of a pass with work in it (host boundaries: no device read)."""
-    for i in range(len(p.host_cu_q) - 1):
-        qs, qe, ks, ke = int(p.host_cu_q[i]), int(p.host_cu_q[i + 1]), int(p.host_cu_k[i]), int(p.host_cu_k[i + 1])
-        if qe > qs and ke > ks:
-            yield qs, qe, ks, ke
-
-
-def _scores(qi, ki, scale, softcap, causal):
-    """``[H, Lq, Lk]`` scores of one sequence in the accumulation dtype: scaled, soft-capped, causally masked."""
-    s = torch.einsum("qhd,khd->hqk", qi, ki) * scale
-    if softcap is not None:
-        s = softcap * torch.tanh(s / softcap)
-    if causal:
-        s = s.masked_fill(_causal_block(qi.shape[0], ki.shape[0], qi.device), float("-inf"))
-    return s
-
-
-def varlen_forward(q, k, v, p: VarlenPass, scale: float, softcap: Optional[float] = None):
-    """``(out [T, H, D], lse [H, T])`` of one pass; lse is fp32 (fp64 for fp64 inputs); a query with no key
-    gets out 0 and lse -inf. CPU: torch's fused CPU flash kernel per sequence; CUDA fp32/fp64, and any soft-capped
-    call (no fused kernel here soft-caps): the same per-sequence math through matmuls."""
-    if _use_flash(q, softcap):
-        out, lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, 0.0,
-                                                              p.causal, False, scale=scale)
-        return out, lse
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    t, h, _ = q.shape
-    out = torch.zeros(t, h, v.shape[-1], dtype=q.dtype, device=q.device)
-    lse = torch.full((h, t), float("-inf"), dtype=acc, device=q.device)
-    for qs, qe, ks, ke in _sequences(p):
-        if q.device.type == "cpu" and softcap is None:
-            o, l_i = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]), 0.0, p.causal, scale=scale)
-            out[qs:qe] = _lhd(o)
-            lse[:, qs:qe] = l_i[0].to(acc)
-            continue
-        s = _scores(q[qs:qe].to(acc), k[ks:ke].to(acc), scale, softcap, p.causal)
-        l_i = torch.logsumexp(s, dim=-1)
-        out[qs:qe] = torch.einsum("hqk,khd->qhd", torch.exp(s - l_i[..., None]), v[ks:ke].to(acc)).to(q.dtype)
-        lse[:, qs:qe] = l_i
-    return out, lse
-
-
-def _causal_block(lq: int, lk: int, device) -> torch.Tensor:
-    """True where masked: flash-attn's bottom-right alignment (query i sees keys j <= i + lk - lq)."""
-    i = torch.arange(lq, device=device)[:, None]
-    j = torch.arange(lk, device=device)[None, :]
-    return j > i + (lk - lq)
-
-
-def varlen_backward(dout, q, k, v, out, lse, p: VarlenPass, scale: float, softcap: Optional[float] = None):
-    """``(dq, dk, dv)`` of one pass given the (merged) ``out`` and ``lse``."""
-    if _use_flash(q, softcap):
-        empty = torch.empty(0, device=q.device)
-        rng = torch.zeros(2, dtype=torch.int64, device=q.device)
-        return torch.ops.aten._flash_attention_backward(dout, q, k, v, out, lse.float(), p.cu_q, p.cu_k, p.max_q,
-                                                        p.max_k, 0.0, p.causal, rng, empty, scale=scale)
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
-    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
-    cpu = q.device.type == "cpu" and softcap is None
-    delta = None if cpu else (dout.to(acc) * out.to(acc)).sum(-1).transpose(0, 1)  # [H, T]
-    for qs, qe, ks, ke in _sequences(p):
-        if cpu:  # the fused CPU flash backward, given the merged out and lse (+inf: a query this pass masks)
-            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                _bhld(dout[qs:qe]), _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]), _bhld(out[qs:qe]),
-                lse[:, qs:qe].unsqueeze(0).to(q.dtype if q.dtype == torch.float64 else torch.float32), 0.0, p.causal,
-                scale=scale)
-            dq[qs:qe] += _lhd(gq)
-            dk[ks:ke] += _lhd(gk)
-            dv[ks:ke] += _lhd(gv)
-            continue
-        qi, ki, vi, doi = q[qs:qe].to(acc), k[ks:ke].to(acc), v[ks:ke].to(acc), dout[qs:qe].to(acc)
-        s = _scores(qi, ki, scale, softcap, p.causal)
-        prob = torch.exp(s - lse[:, qs:qe, None].to(acc))  # lse = +inf for masked queries: prob 0
-        dv[ks:ke] += torch.einsum("hqk,qhd->khd", prob, doi)
-        dp = torch.einsum("qhd,khd->hqk", doi, vi)
-        ds = prob * (dp - delta[:, qs:qe, None])
-        if softcap is not None:  # d/dx c * tanh(x / c) = 1 - tanh^2 = 1 - (s / c)^2
-            ds = ds * (1 - (s / softcap).masked_fill(prob == 0, 0) ** 2)
-        dq[qs:qe] += torch.einsum("hqk,khd->qhd", ds, ki) * scale
-        dk[ks:ke] += torch.einsum("hqk,qhd->khd", ds, qi) * scale
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
 # --- the merged attention -------------------------------------------------------------------------------------
 def _merge(q, k, v, passes, scale, softcap):
     outs, lses = [], []
@@ -231,19 +127,12 @@ def _merge(q, k, v, passes, scale, softcap):
     return out, lse
 
 
-def _with_sink(out, lse, sink):
-    """Fold a per-head sink logit into every row's softmax: it takes mass and adds no value, so with
-    ``lse' = logaddexp(lse, sink)`` the output is ``out * exp(lse - lse')`` and ``lse'`` is the full row's LSE."""
-    merged = torch.logaddexp(lse, sink.to(lse.dtype)[:, None])
-    return out * torch.exp(lse - merged).transpose(0, 1)[..., None], merged
-
-
 class _TwoPass(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sink, passes, scale, softcap):
         out, lse = _merge(q, k, v, passes, scale, softcap)
         if sink is not None:
-            out, lse = _with_sink(out, lse, sink)
+            out, lse = with_sink(out, lse, sink)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, sink)
         ctx.passes, ctx.scale, ctx.softcap = passes, scale, softcap
@@ -263,10 +152,7 @@ class _TwoPass(torch.autograd.Function):
                 l = lse.masked_fill(~p.query_mask[None, :], float("inf"))
             gq, gk, gv = varlen_backward(d, q, k, v, out, l, p, ctx.scale, ctx.softcap)
             dq, dk, dv = (gq, gk, gv) if dq is None else (dq + gq, dk + gk, dv + gv)
-        dsink = None
-        if sink is not None and ctx.needs_input_grad[3]:  # d sink = -sum_rows P(sink) * D
-            delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1).transpose(0, 1)  # [H, T]
-            dsink = -(torch.exp(sink.to(lse.dtype)[:, None] - lse) * delta).sum(-1).to(sink.dtype)
+        dsink = sink_grad(dout, out, lse, sink) if sink is not None and ctx.needs_input_grad[3] else None
         return dq, dk, dv, dsink, None, None, None
 
 
