@@ -71,6 +71,13 @@ def _ids_1d(value, name: str):
     return value
 
 
+def _as_tensor(value) -> torch.Tensor:
+    """A token list as a tensor; an empty list is int64 (not numpy's float64)."""
+    if isinstance(value, (list, tuple)) and len(value) == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.as_tensor(np.asarray(value) if isinstance(value, (list, tuple)) else value)
+
+
 def split_prompts(prompts, mrope) -> tuple[list, Optional[VisionPrompts]]:
     """``(token prompts, vision)``: dict prompts -> their ``input_ids`` and the checked vision inputs (None when no
     prompt is a vision-language one and ``mrope`` is None: the plain token path, unchanged)."""
@@ -109,7 +116,7 @@ def split_prompts(prompts, mrope) -> tuple[list, Optional[VisionPrompts]]:
         raise ValueError(f"prompts (sample i = prompts[i]): {e}") from None
     types = []
     for g, p in enumerate(prompts):
-        tokens = torch.as_tensor(np.asarray(ids[g]) if isinstance(ids[g], (list, tuple)) else ids[g])
+        tokens = _as_tensor(ids[g])
         if tokens.dim() != 1 or tokens.is_floating_point() or tokens.dtype == torch.bool:
             types.append(None)  # groups_forest refuses it, naming prompts[g]
             continue
@@ -122,7 +129,7 @@ def _prompt_types(tokens: torch.Tensor, given, spec: MRopeSpec, g: int) -> np.nd
     """The prompt's token types: as given (checked against the image / video token ids) or from the ids."""
     if given is None:
         return token_types(tokens, spec).numpy()
-    t = torch.as_tensor(_ids_1d(given, f"prompts[{g}]['mm_token_type_ids']"))
+    t = _as_tensor(_ids_1d(given, f"prompts[{g}]['mm_token_type_ids']"))
     if t.dim() != 1 or t.is_floating_point() or t.dtype == torch.bool or len(t) != len(tokens):
         raise ValueError(f"prompts[{g}]['mm_token_type_ids'] must be integers, one per input_ids token "
                          f"({len(tokens)}); got {t.dtype} of shape {tuple(t.shape)}")
