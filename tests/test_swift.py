@@ -1,0 +1,176 @@
+"""packkit inside ms-swift 4.6 (runs where ms-swift is importable: .ci/trainers/swift.sh): the planned packing
+dataset read by ms-swift's own template collator on a tiny random Qwen2 (fp64: the packed batch's loss and
+gradients equal the samples run one by one), its rows dealt by the step-shuffling BatchSamplerShard, install()."""
+import types
+
+import numpy as np
+import pytest
+import torch
+
+swift = pytest.importorskip("swift", reason="ms-swift is not installed (see .ci/trainers/swift.sh)")
+if not hasattr(swift, "get_template"):  # a namespace package from a stray 'swift' folder, not ms-swift
+    pytest.skip("ms-swift is not installed", allow_module_level=True)
+
+from packkit.integrations.swift import PlannedBatchSamplerShard, PlannedPackingDataset  # noqa: E402
+
+
+def _tiny_qwen(path):
+    """A tiny random Qwen2 and a byte-level Qwen2 tokenizer (no merges: one token per byte), saved offline."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
+    tok = Qwen2Tokenizer(vocab=vocab, merges=[], unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]})
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import datasets
+
+    path = tmp_path_factory.mktemp("tinyqwen")
+    _tiny_qwen(path)
+    model, processor = swift.get_model_processor(str(path), model_type="qwen2", torch_dtype=torch.float64,
+                                                 attn_impl="sdpa", download_model=False, use_hf=True)
+    template = swift.get_template(processor, template_type="qwen2_5", default_system="S", max_length=160)
+    template.set_mode("train")
+    # As ms-swift's trainer does (_prepare_gradient_checkpointing); without a cache, transformers builds the
+    # per-document mask from the restarting position_ids (the CPU stand-in for flash-attn varlen, which swift
+    # requires with --packing on a GPU).
+    model.config.use_cache = False
+    rng = np.random.default_rng(0)
+    letters = np.array(list("abcdefghij "))
+
+    def text(n):
+        return "".join(rng.choice(letters, n))
+
+    samples = [{"messages": [{"role": "user", "content": text(rng.integers(1, 40))},
+                             {"role": "assistant", "content": text(rng.integers(1, 60))}]} for _ in range(23)]
+    encoded = datasets.Dataset.from_list([template.encode(s, return_length=True) for s in samples])
+    return model, template, encoded
+
+
+def _on_rank(rank, world):
+    """The sampler as rank ``rank`` of ``world`` sees it (ms-swift reads both from torch.distributed)."""
+    return type("OnRank", (PlannedBatchSamplerShard,), {"rank": rank, "world_size": world})
+
+
+def _token_nll(model, batch):
+    """Sum of next-token NLL over labelled tokens (the loss ms-swift's trainer takes the mean of)."""
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits.float().double()
+    labels = batch["labels"][:, 1:]
+    mask = labels != -100
+    logp = torch.log_softmax(logits[:, :-1], -1)
+    return -(logp.gather(-1, labels.clamp_min(0)[..., None])[..., 0] * mask).sum()
+
+
+def _loss_and_grads(model, batch):
+    model.zero_grad()
+    loss = _token_nll(model, batch)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def _rel(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+def test_packed_steps_through_ms_swift_collator_equal_per_sample_runs(setup):
+    model, template, encoded = setup
+    dataset = PlannedPackingDataset(template, encoded, packing_length=160, dp_size=2, cost=(6.0 * 32, 1.0))
+    assert len(dataset) % 2 == 0 and not dataset.dropped_idx
+    seen = []
+    for rank in range(2):
+        sampler = _on_rank(rank, 2)(len(dataset), 2, True, False, 7, planned_dp_size=2)
+        for batch in sampler:
+            rows = [dataset[i] for i in batch]
+            seen += [j for i in batch for j in dataset.packed_idx[i]]
+            packed = template.data_collator(rows)  # ms-swift's padding-free collator, unchanged
+            assert packed["input_ids"].shape[0] == 1
+            loss, grads = _loss_and_grads(model, packed)
+            ref_loss, ref_grads = 0.0, [torch.zeros_like(p) for p in model.parameters()]
+            for sample in (s for row in rows for s in row):
+                one_loss, one_grads = _loss_and_grads(model, template.data_collator([[sample]]))
+                ref_loss = ref_loss + one_loss
+                ref_grads = [r + g for r, g in zip(ref_grads, one_grads)]
+            assert _rel(loss, ref_loss) <= 1e-9
+            assert max(_rel(g, r) for g, r in zip(grads, ref_grads)) <= 1e-9
+    assert sorted(seen) == list(range(len(encoded)))  # every sample exactly once per epoch over both ranks
+    # Control: the same packed row with positions that do not restart lets documents attend to each other.
+    row = template.data_collator([dataset[0]])
+    assert len(dataset.packed_idx[0]) > 1
+    leaky = dict(row, position_ids=torch.arange(row["input_ids"].shape[1])[None])
+    assert _rel(_token_nll(model, leaky), _token_nll(model, row)) > 1e-6
+
+
+def test_sampler_shuffles_steps_and_matches_ms_swift_unshuffled():
+    from swift.dataloader import BatchSamplerShard
+
+    world, n = 4, 40  # 10 planned steps of 4 rows
+    for batch_size in (1, 3):
+        for drop_last in (True, False):
+            ours = [list(_on_rank(r, world)(n, batch_size, False, drop_last, 0, planned_dp_size=world))
+                    for r in range(world)]
+            theirs = [list(type("R", (BatchSamplerShard,), {"rank": r, "world_size": world})(
+                n, batch_size, False, drop_last, 0)) for r in range(world)]
+            assert ours == theirs
+    shuffled = [list(_on_rank(r, world)(n, 2, True, True, 3, planned_dp_size=world)) for r in range(world)]
+    for k in range(len(shuffled[0])):  # micro-step k: every rank holds its row of the same planned steps
+        steps = [[i // world for i in shuffled[r][k]] for r in range(world)]
+        assert all(s == steps[0] for s in steps)
+        assert all(i % world == r for r in range(world) for i in shuffled[r][k])
+    assert [i // world for b in shuffled[0] for i in b] != list(range(8))  # shuffled
+    sampler = _on_rank(0, world)(n, 1, True, False, 3, planned_dp_size=world)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    assert list(sampler) != first and sorted(map(tuple, first)) == sorted(map(tuple, list(sampler)))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(planned_dp_size=2), "planned for dp_size=2 ranks but the sampler deals to 4"),
+    (dict(planned_dp_size=4, group_by_length=True), "group_by_length must be False"),
+])
+def test_sampler_refuses_a_plan_for_other_ranks(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _on_rank(0, 4)(40, 1, True, False, 0, **kwargs)
+    with pytest.raises(ValueError, match="whole steps of 4 rows"):
+        _on_rank(0, 4)(42, 1, True, False, 0, planned_dp_size=4)
+
+
+def test_install_swaps_sft_datasets_and_the_sampler_only_for_planned_datasets(setup):
+    _, template, encoded = setup
+    from swift.dataloader import BatchSamplerShard
+    from swift.pipelines.train import sft
+    from swift.trainers import mixin
+
+    from packkit.integrations.swift import install, uninstall
+
+    own = (sft.PackingDataset, sft.IterablePackingDataset, mixin.DataLoaderMixin.get_train_dataloader)
+    install(dp_size=1, cost="attention")
+    try:
+        dataset = sft.PackingDataset(template, encoded, packing_length=160)  # what swift sft builds
+        assert isinstance(dataset, PlannedPackingDataset) and dataset.dp_size == 1
+        args = types.SimpleNamespace(dataloader_num_workers=0, dataloader_pin_memory=False,
+                                     dataloader_persistent_workers=False, dataloader_prefetch_factor=None,
+                                     dataloader_drop_last=False, train_dataloader_shuffle=True, data_seed=1,
+                                     deepspeed=None, group_by_length=False, process_index=0)
+        trainer = types.SimpleNamespace(template=types.SimpleNamespace(sequence_parallel_size=1), args=args,
+                                        train_dataset=dataset, _train_batch_size=2, data_collator=template.data_collator,
+                                        accelerator=types.SimpleNamespace(device=None),
+                                        _maybe_multiprocessing_context=lambda args: {})
+        loader = mixin.DataLoaderMixin.get_train_dataloader(trainer)
+        assert isinstance(loader.batch_sampler, PlannedBatchSamplerShard)
+        assert sum(b["input_ids"].shape[1] for b in loader) == sum(dataset.packed_length)
+        trainer.train_dataset = list(range(10))  # any other dataset: ms-swift's own sampler
+        loader = mixin.DataLoaderMixin.get_train_dataloader(trainer)
+        assert type(loader.batch_sampler) is BatchSamplerShard
+        assert mixin.BatchSamplerShard is BatchSamplerShard  # restored after the call
+    finally:
+        uninstall()
+    assert (sft.PackingDataset, sft.IterablePackingDataset, mixin.DataLoaderMixin.get_train_dataloader) == own
