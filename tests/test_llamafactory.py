@@ -3,7 +3,7 @@ skipped where llamafactory is not importable):
 
 * rows equal, column for column, what ``PackedSupervisedDatasetProcessor`` writes for the same row membership;
 * ``pack_dataset``: every example exactly once (hypothesis), document ids past int8 kept;
-* exactness through ``SFTDataCollatorWith4DAttentionMask`` (``neat_packing``'s 4-D block mask, eager attention):
+* exactness through ``SFTDataCollatorWith4DAttentionMask`` (``neat_packing``'s 4-D block mask, sdpa attention):
   a tiny fp64 Llama's summed loss and gradients over the packed rows equal the per-example runs (rel <= 1e-9),
   with a control (the same rows under a plain causal mask) that the check catches;
 * ``install()``: the dataset loader path (``get_dataset``) and the trainer's sampler, restored by ``uninstall()``.
@@ -83,3 +83,98 @@ def _padding(ids):
     while k < len(ids) and ids[-1 - k] == 0:
         k += 1
     return k
+
+
+def dataset_of(lengths, seed=0):
+    return datasets.Dataset.from_dict(examples(lengths, seed))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(st.integers(1, 70), min_size=1, max_size=60), st.integers(1, 4), st.booleans())
+def test_pack_dataset_every_example_once(lengths, dp_size, neat):
+    ds = dataset_of(lengths)
+    packed, plan = lf.pack_dataset(ds, 63, neat_packing=neat, pad_token_id=0, dp_size=dp_size, cost="attention")
+    assert lf.is_planned(packed) and not lf.is_planned(ds)
+    assert len(packed) == len(plan.rows)
+    seen = []
+    for row, plan_row in zip(packed, plan.rows):
+        assert len(row["input_ids"]) == 64 and len(row["labels"]) == 64 and len(row["position_ids"]) == 64
+        starts = [k for k, p in enumerate(row["position_ids"]) if p == 0 and row["input_ids"][k] != 0]
+        seen += [row["input_ids"][k] - 3 for k in starts]
+        # the row's tokens are its examples' tokens in plan order, then padding
+        expect = [t for i in plan_row for t in ds[int(i)]["input_ids"]]
+        assert row["input_ids"][:len(expect)] == expect and set(row["input_ids"][len(expect):]) <= {0}
+    # example ids mod 60 (the opening token), each example once: compare as multisets
+    assert sorted(seen) == sorted(i % 60 for i in range(len(lengths)) if lengths[i] <= 63)
+
+
+def test_document_ids_past_int8():
+    """200 documents in one row: neat_packing's ids 1..200 survive (datasets would store a column named
+    attention_mask as int8; LLaMA-Factory patches datasets for that, packkit writes it under another name)."""
+    ds = dataset_of([1] * 200)
+    packed, _ = lf.pack_dataset(ds, 255, neat_packing=True, pad_token_id=0)
+    assert len(packed) == 1
+    mask = packed[0]["attention_mask"]
+    assert mask[:200] == list(range(1, 201)) and set(mask[200:]) == {0}
+
+
+def test_pack_dataset_errors():
+    ds = dataset_of([3, 4])
+    with pytest.raises(TypeError, match="map-style datasets.Dataset"):
+        lf.pack_dataset(ds.to_iterable_dataset(), 8, neat_packing=True, pad_token_id=0)
+    with pytest.raises(ValueError, match=r"lacks the columns \['labels'\]"):
+        lf.pack_dataset(ds.remove_columns("labels"), 8, neat_packing=True, pad_token_id=0)
+    with pytest.raises(TypeError, match="neat_packing must be a bool"):
+        lf.pack_dataset(ds, 8, neat_packing=1, pad_token_id=0)
+    with pytest.raises(TypeError, match="pad_token_id must be an int"):
+        lf.pack_dataset(ds, 8, neat_packing=True, pad_token_id=None)
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    # sdpa: transformers 5.6's eager attention takes its softmax in float32, where the 4-D mask's float64 minimum
+    # is -inf, so padding rows (every key masked) give NaN that reaches every position through the values
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg).to(torch.float64).eval()
+
+
+def summed_loss(model, batch) -> torch.Tensor:
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                   position_ids=batch.get("position_ids")).logits
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1),
+                                             ignore_index=IGNORE, reduction="sum")
+
+
+def grads(model, loss_fn):
+    model.zero_grad()
+    loss = loss_fn()
+    loss.backward()
+    return loss.detach(), torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def test_exact_through_llamafactorys_4d_mask_collator():
+    lengths = [23, 7, 41, 12, 30, 5, 18, 36, 9, 27, 14, 3]
+    ds = dataset_of(lengths, seed=1)
+    packed, plan = lf.pack_dataset(ds, 63, neat_packing=True, pad_token_id=0, dp_size=2, rows_per_rank=2,
+                                   cost="attention")
+    collate = collator_mod.SFTDataCollatorWith4DAttentionMask(
+        template=TEMPLATES["default"], tokenizer=tokenizer(), model=None, label_pad_token_id=IGNORE,
+        block_diag_attn=True, attn_implementation="sdpa", compute_dtype=torch.float64, neat_packing=True)
+    batches = [collate([copy.deepcopy(packed[k]) for k in range(i, min(i + 2, len(packed)))])
+               for i in range(0, len(packed), 2)]
+    assert batches[0]["attention_mask"].shape == (2, 1, 64, 64) and batches[0]["attention_mask"].dtype == torch.float64
+    model = tiny_llama()
+    loss, grad = grads(model, lambda: sum(summed_loss(model, b) for b in batches))
+    ref_loss, ref_grad = grads(model, lambda: sum(summed_loss(model, {
+        "input_ids": torch.tensor([ds[i]["input_ids"]]), "labels": torch.tensor([ds[i]["labels"]])})
+        for i in range(len(lengths))))
+    assert abs(loss - ref_loss) <= 1e-9 * abs(ref_loss)
+    assert (grad - ref_grad).norm() <= 1e-9 * ref_grad.norm()
+    # control: the same rows under a plain causal mask attend across documents, which the check catches
+    leaky = [dict(b, attention_mask=None) for b in batches]
+    leak_loss, _ = grads(model, lambda: sum(summed_loss(model, b) for b in leaky))
+    assert abs(leak_loss - ref_loss) > 1e-6 * abs(ref_loss)
