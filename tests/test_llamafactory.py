@@ -178,3 +178,70 @@ def test_exact_through_llamafactorys_4d_mask_collator():
     leaky = [dict(b, attention_mask=None) for b in batches]
     leak_loss, _ = grads(model, lambda: sum(summed_loss(model, b) for b in leaky))
     assert abs(leak_loss - ref_loss) > 1e-6 * abs(ref_loss)
+
+
+def _toy_dataset_dir(tmp_path, n=80, seed=0):
+    rng = np.random.default_rng(seed)
+    words = lambda k: " ".join(f"t{x}" for x in rng.integers(3, VOCAB, k))  # noqa: E731
+    rows = [{"instruction": words(rng.integers(1, 25)), "input": "", "output": words(rng.integers(1, 40))}
+            for _ in range(n)]
+    (tmp_path / "toy.json").write_text(json.dumps(rows))
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"toy": {"file_name": "toy.json"}}))
+    return tmp_path
+
+
+def _get_dataset(tmp_path, **data):
+    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.hparams import ModelArguments
+    from transformers import Seq2SeqTrainingArguments
+
+    tok = tokenizer()
+    data_args = DataArguments(dataset="toy", dataset_dir=str(tmp_path), template="default", overwrite_cache=True,
+                              **data)
+    training_args = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2,
+                                             report_to=[], seed=3)
+    template = get_template_and_fix_tokenizer(tok, data_args)
+    return get_dataset(template, ModelArguments(model_name_or_path=str(tmp_path)), data_args, training_args, "sft",
+                       tok)["train_dataset"]
+
+
+def _documents(packed):
+    """Every document of a neat-packed dataset, split at its packing_params boundaries (padding left out)."""
+    docs = []
+    for row in packed:
+        b = row["packing_params"]["sequence_boundaries"]
+        docs += [tuple(row["input_ids"][b[k]:b[k + 1]]) for k in range(len(b) - 2)]  # the last span is padding
+    return docs
+
+
+def test_install_plans_llamafactorys_own_loader(tmp_path):
+    from llamafactory.train.sft import trainer as sft_trainer
+
+    _toy_dataset_dir(tmp_path)
+    plain = _get_dataset(tmp_path, cutoff_len=64)  # LLaMA-Factory's unpacked examples (cutoff 64, as packing's 63+1)
+    theirs = _get_dataset(tmp_path, cutoff_len=64, neat_packing=True)
+    original_sampler = sft_trainer.CustomSeq2SeqTrainer._get_train_sampler
+    lf.install(cost="tokens")
+    try:
+        ours = _get_dataset(tmp_path, cutoff_len=64, neat_packing=True)
+        assert lf.is_planned(ours) and not lf.is_planned(theirs)
+        assert sorted(ours.column_names) == sorted(theirs.column_names)
+        assert all(len(r) == 64 for r in ours["input_ids"])
+        examples_63 = sorted(tuple(x) for x in _get_dataset(tmp_path, cutoff_len=63)["input_ids"])
+        assert sorted(_documents(ours)) == examples_63 == sorted(_documents(theirs))  # each example once
+        assert len(ours) <= len(theirs)
+        sampler = sft_trainer.CustomSeq2SeqTrainer._get_train_sampler(
+            type("T", (), {"train_dataset": ours})())
+        assert isinstance(sampler, torch.utils.data.SequentialSampler)
+        from llamafactory.data import loader
+
+        streaming = DataArguments(cutoff_len=64, neat_packing=True)
+        streaming.streaming = True
+        with pytest.raises(ValueError, match="streaming=False"):
+            args = type("TrainingArgs", (), {"predict_with_generate": False})()
+            loader._get_preprocessed_dataset(dataset_of([3]), streaming, args, "sft", None, None)
+    finally:
+        lf.uninstall()
+    assert sft_trainer.CustomSeq2SeqTrainer._get_train_sampler is original_sampler
+    assert not lf.is_planned(_get_dataset(tmp_path, cutoff_len=64, neat_packing=True))
+    assert len(plain) == 80
