@@ -19,7 +19,7 @@ from .layout import ScoreIndex, TreeLayout, score_index, tree_layout
 from .planning import TreePlan, plan_trees
 from .radix import build_tree
 from .tree import PrefixForest, groups_forest
-from .vision import VisionReport, check_text_tokens, source_rows, split_prompts, vision_batch
+from .vision import VisionReport, check_text_tokens, group_sources, split_prompts, vision_batch
 
 NEGATIVE_TOKEN = 4  # the status bit (checks.STATUS_ERRORS) of a negative token id found on the device
 
@@ -218,15 +218,16 @@ def pack_groups(prompts, completions, *, capacity: Optional[int] = None, labels=
     forest = groups_forest(prompts, completions, labels)
     if vision is not None:
         check_text_tokens(forest, vision.spec, pad_id)
-        src_rows, src_types = source_rows(vision, forest)
+        sources = group_sources(vision, forest)
     tree_plan = plan_trees(forest, capacity, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
     batch, info = pack_forest(tree_plan, device=device, backend=backend, attention=attention, pad_id=pad_id)
     if vision is None:
         return batch, info
-    roots = forest.roots()
-    sizes = np.diff(np.append(roots, forest.num_nodes)) - 1
-    extra, report = vision_batch(vision, src_rows, src_types, forest.src[roots], sizes, info.forest, info.layout,
-                                 batch["position_ids"], batch["input_ids"].device)
+    return _with_vision(batch, info, sources)
+
+
+def _with_vision(batch: dict, info: SharedPrefixInfo, sources: tuple) -> tuple[dict, SharedPrefixInfo]:
+    extra, report = vision_batch(sources, info.forest, info.layout, batch["position_ids"], batch["input_ids"].device)
     batch.update(extra)
     info.attention.bind_positions(batch["position_ids"][0])  # Qwen-VL models hand their layers row 0
     return batch, info._replace(vision=report)
@@ -245,13 +246,21 @@ def _check_pack_args(capacity, algorithm, dp_size, cost, overlong, device, backe
 
 def pack_tree(sequences, group_ids=None, *, score_from=None, capacity: Optional[int] = None, device=None,
               backend: str = "auto", attention: str = "auto", overlong: str = "error", algorithm: str = "obfd",
-              dp_size: int = 1, cost="tokens", pad_id: int = 0) -> tuple[dict, SharedPrefixInfo]:
+              dp_size: int = 1, cost="tokens", pad_id: int = 0, mrope=None) -> tuple[dict, SharedPrefixInfo]:
     """Any sequences (multi-turn conversations, agent trajectories) -> their prefix forest
     (:func:`build_tree`), packed depth first like :func:`pack_groups`. A ``PrefixForest`` may be passed
     instead of sequences; it already holds its groups and scored tokens, so ``group_ids`` and ``score_from``
-    are refused with it (pass them to :func:`build_tree`). No sequences: an empty batch, as :func:`pack_groups`."""
+    are refused with it (pass them to :func:`build_tree`). No sequences: an empty batch, as :func:`pack_groups`.
+
+    With ``mrope`` (a Qwen-VL config, as :func:`pack_groups`) a sequence may be a dict with its vision inputs (the
+    keys of a :func:`pack_groups` prompt): prefixes are shared only where the tokens *and* the pictures are equal,
+    each shared image is encoded once per packed copy of its node, and positions are the model's mRoPE rows."""
     _check_pack_args(capacity, algorithm, dp_size, cost, overlong, device, backend, attention, pad_id)
+    vision = None
     if isinstance(sequences, PrefixForest):
+        if mrope is not None:
+            raise ValueError("pack_tree got a PrefixForest and mrope=: a forest holds no images; pass the sequences "
+                             "(dicts with their vision inputs) instead")
         given = [name for name, v in (("group_ids", group_ids), ("score_from", score_from)) if v is not None]
         if given:
             raise ValueError(f"pack_tree got a PrefixForest and {' and '.join(given)}: a forest already fixes its "
@@ -259,6 +268,21 @@ def pack_tree(sequences, group_ids=None, *, score_from=None, capacity: Optional[
                              "score_from=...) instead")
         forest = sequences
     else:
-        forest = build_tree(sequences, group_ids, score_from=score_from)
+        sequences, vision = split_prompts(sequences, mrope, "sequences")
+        if vision is None:
+            forest = build_tree(sequences, group_ids, score_from=score_from)
+        else:
+            from .vision_tree import tree_forest
+
+            forest, sources = tree_forest(vision, sequences, group_ids, score_from)
+            check_text_tokens(forest, vision.spec, pad_id, tree=True)
     tree_plan = plan_trees(forest, capacity, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
-    return pack_forest(tree_plan, device=device, backend=backend, attention=attention, pad_id=pad_id)
+    batch, info = pack_forest(tree_plan, device=device, backend=backend, attention=attention, pad_id=pad_id)
+    if vision is None:
+        return batch, info
+    cut = [s for s in info.plan.report.truncated
+           if sources[2].get(int(info.forest.src[info.forest.seq_node[s]]))]
+    if cut:
+        raise ValueError(f"sequence {cut[0]} would be truncated (overlong='truncate') inside a tree node that holds "
+                         "images; raise capacity")
+    return _with_vision(batch, info, sources)
