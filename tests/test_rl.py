@@ -174,8 +174,9 @@ def test_unpack_rollouts_gradient():
 @settings(max_examples=150, deadline=None)
 @given(lengths=st.lists(st.integers(0, 300), min_size=0, max_size=120), cap=st.integers(300, 900),
        dp=st.integers(1, 6), extra=st.integers(0, 3), equal_count=st.booleans(),
-       cost=st.sampled_from(["tokens", "quadratic", "random"]), seed=st.integers(0, 2 ** 16))
-def test_cpp_layout_guarantees(lengths, cap, dp, extra, equal_count, cost, seed):
+       cost=st.sampled_from(["tokens", "quadratic", "random"]), seed=st.integers(0, 2 ** 16),
+       search_rounds=st.sampled_from([0, 800]))
+def test_cpp_layout_guarantees(lengths, cap, dp, extra, equal_count, cost, seed, search_rounds):
     from packkit import _planner
 
     lengths = np.array(lengths[:len(lengths) - (len(lengths) % dp if equal_count else 0)], np.int64)
@@ -183,8 +184,8 @@ def test_cpp_layout_guarantees(lengths, cap, dp, extra, equal_count, cost, seed)
     costs = {"tokens": lengths.astype(np.float64), "quadratic": 24576.0 * lengths + lengths.astype(np.float64) ** 2,
              "random": np.random.default_rng(seed).random(n) * 100}[cost]
     k = max(1, -(-(-(-int(lengths.sum()) // cap)) // dp)) + extra
-    out = _planner.rl_micro_batches(lengths, costs, cap, dp, k, equal_count)
-    again = _planner.rl_micro_batches(lengths, costs, cap, dp, k, equal_count)
+    out = _planner.rl_micro_batches(lengths, costs, cap, dp, k, equal_count, search_rounds=search_rounds)
+    again = _planner.rl_micro_batches(lengths, costs, cap, dp, k, equal_count, search_rounds=search_rounds)
     if out is None:  # no layout found at this K (the Python side then tries K + 1, then its older layouts)
         assert again is None
         mb = rl.micro_batches(lengths, cap, dp, cost=costs, equal_count=equal_count, min_micro_batches=k)

@@ -211,28 +211,6 @@ void refine_step(std::vector<std::vector<int64_t>>& parts, std::vector<double>& 
   }
 }
 
-// Step levels for heavy tails: step s's dp micro-batches all aim at max(its leading item's cost, P), the leading items
-// being the costliest B = K * dp items (dp per step, costliest first), P the lowest plateau that holds the total cost
-// (water filling; token caps ignored). A micro-batch holding one long item then gets fillers up to its step's level
-// instead of being left alone with it. Returns the target cost of each micro-batch (m = step * dp + rank).
-std::vector<double> step_levels(const std::vector<int64_t>& ord, const double* costs, size_t K, size_t dp) {
-  double total = 0;
-  for (int64_t item : ord) total += costs[item];
-  std::vector<double> lead(K, 0.0);
-  for (size_t s = 0; s < K && s * dp < ord.size(); ++s) lead[s] = costs[ord[s * dp]];
-  // the smallest P with dp * sum_s max(lead[s], P) >= total: steps j.. K-1 at the plateau
-  double above = 0, plateau = 0;
-  for (size_t j = 0; j <= K; ++j) {
-    plateau = j < K ? (total / static_cast<double>(dp) - above) / static_cast<double>(K - j) : 0.0;
-    if (j == K || plateau >= lead[j]) break;
-    above += lead[j];
-  }
-  std::vector<double> target(K * dp);
-  for (size_t s = 0; s < K; ++s)
-    for (size_t r = 0; r < dp; ++r) target[s * dp + r] = std::max(lead[s], plateau);
-  return target;
-}
-
 // Item indices by cost descending, ties by length descending then index ascending. An LSD radix sort on the
 // cost's bits (a non-negative double's bits order like the value; stable, so equal costs keep index order), then
 // equal-cost runs sorted by length (stable). O(n) passes instead of a comparison sort.
@@ -367,24 +345,29 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
     return grid;
   };
   StepGrid grid = make_grid(slot_of);
-  // Heavy tails (still above search_above): also the layout aimed at step levels (step_levels); the better one.
-  if (!equal_count && search_rounds > 0 && K > 1 && step_balance(grid) > search_above) {
-    const std::vector<double> target = step_levels(ord, costs, static_cast<size_t>(K), udp);
-    if (pack_any(ord, lengths, costs, capacity, B, bin_of, load, room, &target)) {
-      StepGrid aimed = make_grid(bin_of);
-      if (step_balance(aimed) < step_balance(grid)) grid = std::move(aimed);
-    }
-  }
   // Where a long item holds a step's maximum that no partner in its step can offset: the cross-step search, then
-  // the in-step search again on the steps it changed, until neither changes anything (a few passes at most).
+  // (without equal_count) the micro-batches dealt into steps again by cost, and the in-step search again on the
+  // steps that changed, until a cross-step pass finds nothing or the search_rounds budget is spent.
   if (search_rounds > 0 && step_balance(grid) > search_above) {
     std::vector<char> changed;
     int64_t left = search_rounds;
-    for (int pass = 0; pass < 8 && left > 0; ++pass) {
+    while (left > 0) {  // every pass makes >= 1 change: at most search_rounds passes; ends on a pass that finds none
       const int64_t made = search_across_steps(grid, lengths, costs, capacity, ord, !equal_count, left, changed);
-
       if (made == 0) break;
       left -= made;
+      if (!equal_count) {  // the searched micro-batches dealt into steps again by cost (the best grouping of them)
+        std::vector<size_t> bins(B);
+        std::iota(bins.begin(), bins.end(), size_t{0});
+        std::stable_sort(bins.begin(), bins.end(), [&](size_t a, size_t b) { return grid.load[a] > grid.load[b]; });
+        StepGrid dealt;
+        dealt.dp = dp;
+        dealt.items.resize(B), dealt.load.resize(B), dealt.tok.resize(B);
+        for (size_t j = 0; j < B; ++j)
+          dealt.items[j].swap(grid.items[bins[j]]), dealt.load[j] = grid.load[bins[j]], dealt.tok[j] = grid.tok[bins[j]];
+        for (size_t j = 0; j < B; ++j)
+          if (bins[j] != j) changed[j / udp] = changed[bins[j] / udp] = 1;
+        grid = std::move(dealt);
+      }
       for (size_t s = 0; s < static_cast<size_t>(K); ++s)
         if (changed[s]) refine(grid, s);
     }

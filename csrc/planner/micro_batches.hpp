@@ -26,8 +26,10 @@ struct MicroBatchLayout {
 // falls. With equal_count: ranks by rounds of dp items (costliest to the cheapest rank), each rank's items into K
 // micro-batches as above, step k = every rank's k-th costliest, then swaps only (counts kept).
 // Then, if the per-step balance is still above search_above, the cross-step search (step_search.hpp: moves/swaps
-// from a step's costliest micro-batch into micro-batches of other steps, at most search_rounds changes), each
-// pass followed by the in-step search on the steps it changed. search_rounds = 0: no cross-step search.
+// from a step's costliest micro-batch into micro-batches of other steps, at most search_rounds changes in all),
+// each pass followed (without equal_count) by dealing the micro-batches into steps again by cost and by the in-step
+// search on the steps that changed; it ends on a cross-step pass that finds no improving change (or the budget).
+// search_rounds = 0: no cross-step search. Every step of it lowers sum over steps of the costliest micro-batch.
 // O(n log(K*dp)) plus the bounded local searches.
 MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity,
                                   int64_t dp, int64_t K, bool equal_count, int refine_rounds = 256,

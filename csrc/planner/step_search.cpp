@@ -62,16 +62,37 @@ int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* c
   std::vector<size_t> order;
   order.reserve(K);
   std::vector<double> slack(B);  // room under the step's maximum
+  std::vector<size_t> step_of(B);  // m / dp, looked up (integer division dominated the scans)
+  for (size_t m = 0; m < B; ++m) step_of[m] = m / dp;
+  // The micro-batches of most slack (about 2 * dp, where long items lead their steps) are scanned item by item;
+  // every other one has slack <= tau, so its swap partners lie in a narrow cost window of by_cost, and only wide
+  // ones can take a move of an item costlier than tau + lead. Kept true incrementally: a micro-batch whose slack
+  // rises above tau joins the wide list; the list is re-ranked when it grows past 4 * dp.
+  std::vector<double> ranked(B);
+  std::vector<char> is_wide(B);
+  std::vector<size_t> wide;
+  double tau = 0;
 
   // A step scanned without finding a change keeps none until it changes itself or until a micro-batch of another
   // step changes: later rounds scan it only against the steps changed since (epochs), not the whole grid.
   std::vector<int64_t> changed_at(K, 0), scanned_at(K, -1), fresh;
   int64_t made = 0;
   for (; made < max_rounds; ++made) {
-    double max_slack = 0;
-    for (size_t m = 0; m < B; ++m) {
-      slack[m] = tops.first[m / dp] - g.load[m];
-      max_slack = std::max(max_slack, slack[m]);
+    if (wide.size() > 4 * dp || made == 0) {  // (re)rank: the changes since may have widened the list
+      for (size_t m = 0; m < B; ++m) slack[m] = tops.first[step_of[m]] - g.load[m];
+      tau = 0;
+      const size_t wide_count = std::min(B, 2 * dp);
+      if (wide_count < B) {  // tau = the (wide_count + 1)-th largest slack
+        std::copy(slack.begin(), slack.end(), ranked.begin());
+        std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(wide_count), ranked.end(),
+                         std::greater<double>());
+        tau = std::max(0.0, ranked[wide_count]);
+      }
+      wide.clear();
+      for (size_t m = 0; m < B; ++m) {
+        is_wide[m] = slack[m] > tau;
+        if (is_wide[m]) wide.push_back(m);
+      }
     }
     order.clear();
     for (size_t s = 0; s < K; ++s)
@@ -118,18 +139,27 @@ int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* c
             }
           continue;
         }
-        if (moves)
-          for (size_t m = 0; m < B; ++m)
-            if (m / dp != s) consider_move(i, c, li, m);
-        // Swap partners j with d = c - c_j > best (gain <= d), while d < max_slack + lead - best (beyond it the
-        // rise of j's step outweighs any gain): a window of by_cost.
+        if (moves) {  // a move gains only into slack > c - lead + best
+          if (c - lead + best >= tau) {
+            for (size_t m : wide)
+              if (step_of[m] != s) consider_move(i, c, li, m);
+          } else {
+            for (size_t m = 0; m < B; ++m)
+              if (step_of[m] != s) consider_move(i, c, li, m);
+          }
+        }
+        for (size_t m : wide)
+          if (step_of[m] != s)
+            for (int64_t j : g.items[m]) consider_swap(i, c, li, j, m);
+        // Other swap partners j: d = c - c_j > best (the gain is <= d) and d < tau + lead - best (beyond it the rise
+        // of j's step, d - slack >= d - tau, outweighs any gain): a window of by_cost.
         size_t p = static_cast<size_t>(
             std::upper_bound(sorted_cost.begin(), sorted_cost.end(), c - best, std::greater<double>()) -
             sorted_cost.begin());
-        for (; p < n && c - sorted_cost[p] < max_slack + lead - best; ++p) {
+        for (; p < n && c - sorted_cost[p] < tau + lead - best; ++p) {
           const int64_t j = by_cost[p];
           const size_t m = static_cast<size_t>(where[static_cast<size_t>(j)]);
-          if (m / dp != s) consider_swap(i, c, li, j, m);
+          if (step_of[m] != s && !is_wide[m]) consider_swap(i, c, li, j, m);
         }
       }
       if (kind) break;
@@ -151,6 +181,11 @@ int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* c
     if (kind == 2) take(target, partner), put(src, partner);
     put(target, item);
     tops.update(g, src / dp), tops.update(g, target / dp);
+    for (size_t t : {src / dp, target / dp})
+      for (size_t m = t * dp; m < (t + 1) * dp; ++m) {
+        slack[m] = tops.first[t] - g.load[m];
+        if (slack[m] > tau && !is_wide[m]) is_wide[m] = 1, wide.push_back(m);
+      }
     changed[src / dp] = changed[target / dp] = 1;
     changed_at[src / dp] = changed_at[target / dp] = made + 1;
   }

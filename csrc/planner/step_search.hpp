@@ -20,8 +20,9 @@ struct StepGrid {
 // other's rises by less. Each round applies the best such change of the first step (largest lead of its maximum
 // over its second costliest micro-batch first) that has one; every change strictly lowers the objective (by more
 // than 1e-12 of the total cost), the cap holds by construction, swaps keep every micro-batch's item count.
-// Stops when no step has an improving change, or after max_rounds changes. `by_cost` holds every item of the grid,
-// costliest first (ties in a fixed order): partners for swaps are found in a window of it. Deterministic.
+// Stops when no step has an improving change, or after max_rounds changes. The grid's items are 0 .. n-1 and
+// `by_cost` holds each of them once, costliest first (ties in a fixed order): swap partners are found in a window
+// of it. Deterministic. A step already scanned without result is rescanned only against the steps changed since.
 // Marks changed[s] for every step it changed; returns the number of changes made.
 int64_t search_across_steps(StepGrid& grid, const int64_t* lengths, const double* costs, int64_t capacity,
                             const std::vector<int64_t>& by_cost, bool moves, int64_t max_rounds,
