@@ -10,7 +10,9 @@ per-token results come back in verl's layout (zeros past each response), differe
     entropy, log_probs = shared_prefix_log_probs(actor_module, micro_batch, uids, temperature=temperature,
                                                  calculate_entropy=True)
 
-``uids`` is ``data.non_tensor_batch["uid"]`` for the micro-batch's rows. Only torch and transformers are used
+``uids`` is ``data.non_tensor_batch["uid"]`` for the micro-batch's rows. Qwen-VL rollouts (a micro-batch with
+``multi_modal_inputs`` and verl's ``[b, 3|4, S]`` ``position_ids``) encode each uid's images once; the vision tower
+keeps SDPA (``packkit.shared_prefix.hf``). Only torch and transformers are used
 here, so it also runs where verl is not installed.
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..shared_prefix import pack_rollout_groups, register_attention, rollout_logprobs
+from ..shared_prefix import check_rollout_groups, pack_rollout_groups, register_attention, rollout_logprobs
 from ..shared_prefix.checks import check_temperature
 from ..shared_prefix.logprobs import completion_values
 
@@ -30,9 +32,11 @@ def _entropy_rows(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def shared_prefix_log_probs(model, micro_batch, uids, *, temperature: float = 1.0, calculate_entropy: bool = False,
-                            layout=None, attention: str = "auto"):
+                            layout=None, attention: str = "auto", check: bool = False):
     """``(entropy or None, log_probs)``, each ``[b, response_length]``, for verl's micro-batch dict / TensorDict
-    with ``input_ids``, ``attention_mask`` and ``responses`` (prompt columns = S - response_length)."""
+    with ``input_ids``, ``attention_mask`` and ``responses`` (prompt columns = S - response_length), and, for Qwen-VL,
+    ``multi_modal_inputs`` and ``position_ids``. Rows of one uid whose prompt tokens or pixels differ are flagged on
+    the device with no sync; ``check=True`` reads the flags after the forward (one sync) and raises ValueError."""
     temperature = check_temperature(temperature)
     if not isinstance(calculate_entropy, (bool, np.bool_)):
         raise TypeError(f"calculate_entropy must be True or False, got {type(calculate_entropy).__name__}")
@@ -58,8 +62,17 @@ def shared_prefix_log_probs(model, micro_batch, uids, *, temperature: float = 1.
     if uids.shape != (input_ids.shape[0],):
         raise ValueError(f"uids must hold one id per row of the micro-batch ({input_ids.shape[0]}), got shape "
                          f"{uids.shape}")
+    vision = {}
+    if "multi_modal_inputs" in keys:  # Qwen-VL rollouts: verl's [b, 3|4, S] positions and per-row processor outputs
+        if "position_ids" not in keys:
+            raise ValueError("micro_batch has multi_modal_inputs but no position_ids: verl builds [b, 3, S] or "
+                             "[b, 4, S] mRoPE positions for Qwen-VL rollouts; pass them")
+        vision = dict(position_ids=micro_batch["position_ids"], multi_modal_inputs=micro_batch["multi_modal_inputs"],
+                      mrope=model.config)
     batch, info = pack_rollout_groups(input_ids, attention_mask, uids, np.arange(input_ids.shape[0]), layout,
-                                      prompt_length=int(input_ids.shape[1]) - width, attention=attention)
+                                      prompt_length=int(input_ids.shape[1]) - width, attention=attention, **vision)
+    if not isinstance(check, (bool, np.bool_)):
+        raise TypeError(f"check must be True or False, got {type(check).__name__}")
     name = register_attention()
     previous = model.config._attn_implementation
     model.set_attn_implementation(name)
@@ -67,6 +80,8 @@ def shared_prefix_log_probs(model, micro_batch, uids, *, temperature: float = 1.
         logits = model(**batch, use_cache=False).logits
     finally:
         model.set_attn_implementation(previous)
+    if check:
+        check_rollout_groups(info)
     log_probs = rollout_logprobs(logits, info, temperature=temperature)
     entropy = None
     if calculate_entropy:

@@ -37,6 +37,7 @@ STATUS_ERRORS = {
     1: "rows of one group id have prompt tokens that differ from the group's first row (wrong uid?)",
     2: "attention_mask holds a value other than 0 and 1",
     4: "a packed token id is negative (token ids index the embedding: they must be >= 0)",
+    8: "rows of one group id have vision inputs (pixel values, grids) that differ from the group's first row",
 }
 
 

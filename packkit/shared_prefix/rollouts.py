@@ -51,7 +51,8 @@ def _group_keys(group_ids, batch: int) -> np.ndarray:
 
 def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, group_ids, indices: Sequence[int],
                         layout: Optional[RolloutLayout] = None, *, prompt_length: int, device=None,
-                        backend: str = "auto", attention: str = "auto", check: bool = True):
+                        backend: str = "auto", attention: str = "auto", check: bool = True, position_ids=None,
+                        multi_modal_inputs=None, mrope=None):
     """Pack rows ``indices`` of verl rollouts with each group's prompt once.
 
     Args:
@@ -63,6 +64,11 @@ def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, g
             with one sync, if None).
         prompt_length: prompt columns (verl's ``prompts.shape[1]``).
         check: compare every row's prompt tokens with its group's first row on the device (``info.status``).
+        position_ids, multi_modal_inputs, mrope: verl's Qwen-VL rollouts: ``position_ids`` ``[B, 3, S]`` or
+            ``[B, 4, S]`` as verl builds them (the model's ``get_rope_index`` per row), ``multi_modal_inputs`` one
+            dict (or None) per row of the global batch (``pixel_values``, ``image_grid_thw``, ...) and the model's
+            config. The batch then has ``[4, 1, T]`` positions and each uid's vision inputs once (from its first
+            row; other rows' pixels are compared on the device: ``info.status`` bit 8, no sync).
 
     Returns ``(batch, info)``; :func:`rollout_logprobs` turns the model's logits into verl's ``[b, response]``.
     """
@@ -82,6 +88,12 @@ def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, g
         raise ValueError(f"attention_mask is on {attention_mask.device} but input_ids on {input_ids.device}")
     if not isinstance(check, (bool, np.bool_)):
         raise TypeError(f"check must be True or False, got {type(check).__name__} {check!r}")
+    given = [n for n, v in (("position_ids", position_ids), ("multi_modal_inputs", multi_modal_inputs),
+                            ("mrope", mrope)) if v is not None]
+    if given and len(given) < 3:
+        missing = sorted({"position_ids", "multi_modal_inputs", "mrope"} - set(given))
+        raise ValueError(f"vision-language rollouts need position_ids, multi_modal_inputs and mrope together; got "
+                         f"{', '.join(given)} without {', '.join(missing)}")
     b, s = input_ids.shape
     if isinstance(prompt_length, bool) or not isinstance(prompt_length, (int, np.integer)) \
             or not 0 <= prompt_length <= s:
@@ -142,6 +154,16 @@ def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, g
         status = status | _mask_values_status(attention_mask, rows)
         if info.status is not None:
             status = status | info.status.to(status.device)
+    if multi_modal_inputs is not None:
+        from .rollouts_vision import rollout_vision
+
+        extra, report, pixels = rollout_vision(batch, info, rows, first_row, group_first, position_ids,
+                                               multi_modal_inputs, mrope, s, check)
+        batch.update(extra)
+        info.attention.bind_positions(batch["position_ids"][0])
+        info = info._replace(vision=report)
+        if pixels is not None:
+            status = pixels.to(status.device) if status is None else status | pixels.to(status.device)
     return batch, RolloutGroupsInfo(info, rows, seq_of_row, s - prompt_length, status)
 
 
