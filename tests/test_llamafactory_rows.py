@@ -42,7 +42,7 @@ def test_every_example_once_rows_fit(lengths, dp_size, per_rank, seed, shuffle):
     assert placed == expected  # each kept example in exactly one row
     assert sorted(p.dropped.tolist()) == [i for i, n in enumerate(lengths) if n > cutoff]
     assert sorted(p.zero_length.tolist()) == [i for i, n in enumerate(lengths) if n == 0]
-    assert all(row and arr[row].sum() <= cutoff for row in p.rows)
+    assert all(len(row) and arr[row].sum() <= cutoff for row in p.rows)
 
 
 @pytest.mark.parametrize("dp_size,per_rank", [(4, 1), (3, 2)])

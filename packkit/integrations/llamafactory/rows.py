@@ -21,7 +21,7 @@ MAX_SUB_SEQ_IDX = 2**32  # llamafactory.data.processor.supervised.MAX_SU_SEQ_IDX
 class RowPlan:
     """The packed dataset's rows in dataset order, and what the plan did.
 
-    ``rows[i]`` lists the source indices of packed row ``i`` (in row order). With ``dp_size`` ranks and
+    ``rows[i]``: int64 array of the source indices of packed row ``i`` (in row order). With ``dp_size`` ranks and
     ``rows_per_rank`` rows per device batch, row ``(s * dp_size + r) * rows_per_rank + j`` is rank ``r``'s
     ``j``-th row of step ``s``: the order in which a sequential sampler, a ``BatchSampler(rows_per_rank)`` and
     accelerate's round-robin ``BatchSamplerShard`` hand it to that rank. Empty rows (only the last step has
@@ -68,9 +68,7 @@ def plan_rows(lengths, cutoff_len: int, *, dp_size: int = 1, rows_per_rank: int 
     _cost_model(cost)  # a bad cost is refused here, by name, before any planning
     ep = plan_epoch(array, cutoff_len, epoch=0, seed=seed, shuffle=shuffle, drop_last=False, algorithm="ogbfd",
                     cost=cost, overlong="drop", world_size=dp_size, rows_per_step=rows_per_rank)
-    rows = [ep.row(item, rank) for step in range(len(ep.step_order))
-            for rank in range(dp_size) for item in range(step * rows_per_rank, (step + 1) * rows_per_rank)]
-    rows = [r for r in rows if r]
+    rows = _rows_in_rank_order(ep)
     dropped = np.sort(ep.permutation[ep.plan.dropped])
     zero = np.sort(ep.permutation[ep.plan.zero_length])
     if len(dropped):
@@ -81,6 +79,21 @@ def plan_rows(lengths, cutoff_len: int, *, dp_size: int = 1, rows_per_rank: int 
     kept = int(array.sum() - array[dropped].sum())
     efficiency = kept / (len(rows) * cutoff_len) if rows else 1.0
     return RowPlan(rows, dp_size, rows_per_rank, dropped, zero, np.asarray(ep.rank_costs), efficiency)
+
+
+def _rows_in_rank_order(ep) -> list:
+    """The plan's non-empty rows as arrays of dataset indices, yielded step by yielded step, rank 0..W-1, each
+    rank's rows in turn (``EpochPlan.row``'s order), gathered at once from the plan's CSR segments."""
+    plan = ep.plan
+    steps = np.asarray(ep.step_order, dtype=np.int64)
+    bins = (steps[:, None, None] * plan.dp_size + ep.rank_rows[steps]).reshape(-1)
+    offsets = plan.segments.bin_offsets
+    starts, counts = offsets[bins], offsets[bins + 1] - offsets[bins]
+    total = int(counts.sum())
+    first = np.cumsum(counts) - counts  # where each row starts in the flat gather
+    positions = np.repeat(starts - first, counts) + np.arange(total, dtype=np.int64)
+    flat = ep.permutation[plan.segments.seq_index[positions]]
+    return [row for row in np.split(flat, np.cumsum(counts)[:-1]) if len(row)] if total else []
 
 
 def build_rows(examples: dict, rows: list, *, cutoff_len: int, neat_packing: bool, pad_token_id: int) -> dict:
