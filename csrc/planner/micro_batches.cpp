@@ -67,11 +67,9 @@ class BinTree {
 // every bin gets a similar mix of long and short items and swaps can balance them later), the rest longest first
 // by first fit (tight where the cap fragments the room). bin_of[item], load, room are set; false if an item fits
 // nowhere.
-// With `target` (a cost per bin), the cost term is the load minus the bin's target: each item goes where the most
-// cost is still wanted.
 bool pack(const std::vector<int64_t>& items, size_t lpt, const int64_t* lengths, const double* costs,
           int64_t capacity, size_t num_bins, std::vector<int64_t>& bin_of, std::vector<double>& load,
-          std::vector<int64_t>& room, const std::vector<double>* target = nullptr) {
+          std::vector<int64_t>& room) {
   load.assign(num_bins, 0.0);
   room.assign(num_bins, capacity);
   BinTree tree(num_bins, capacity);
@@ -79,15 +77,11 @@ bool pack(const std::vector<int64_t>& items, size_t lpt, const int64_t* lengths,
   for (int64_t item : items) total_cost += costs[item], total_tokens += static_cast<double>(lengths[item]);
   const double per_cost = total_cost > 0 ? static_cast<double>(num_bins) / total_cost : 0.0;
   const double per_token = total_tokens > 0 ? static_cast<double>(num_bins) / total_tokens : 0.0;
-  auto want = [&](size_t b) { return target ? (*target)[b] : 0.0; };
-  if (target)
-    for (size_t b = 0; b < num_bins; ++b) tree.set(b, capacity, -want(b) * per_cost);
   auto put = [&](int64_t item, int64_t b) {
     bin_of[item] = b;
     room[b] -= lengths[item];
     load[b] += costs[item];
-    const double u = (load[b] - want(static_cast<size_t>(b))) * per_cost;
-    const double v = static_cast<double>(capacity - room[b]) * per_token;
+    const double u = load[b] * per_cost, v = static_cast<double>(capacity - room[b]) * per_token;
     tree.set(static_cast<size_t>(b), room[b], u + v);
   };
   lpt = std::min(lpt, items.size());
@@ -111,15 +105,14 @@ bool pack(const std::vector<int64_t>& items, size_t lpt, const int64_t* lengths,
 
 // Pack with decreasing LPT share until feasible.
 bool pack_any(const std::vector<int64_t>& items, const int64_t* lengths, const double* costs, int64_t capacity,
-              size_t num_bins, std::vector<int64_t>& bin_of, std::vector<double>& load, std::vector<int64_t>& room,
-              const std::vector<double>* target = nullptr) {
+              size_t num_bins, std::vector<int64_t>& bin_of, std::vector<double>& load, std::vector<int64_t>& room) {
   const size_t m = items.size();
   const size_t tries[] = {m, m - m / 8, m - m / 4, m / 2, m / 4, 0};
   size_t last = SIZE_MAX;
   for (size_t lpt : tries) {
     if (lpt == last) continue;
     last = lpt;
-    if (pack(items, lpt, lengths, costs, capacity, num_bins, bin_of, load, room, target)) return true;
+    if (pack(items, lpt, lengths, costs, capacity, num_bins, bin_of, load, room)) return true;
   }
   return false;
 }
