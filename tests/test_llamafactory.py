@@ -245,3 +245,41 @@ def test_install_plans_llamafactorys_own_loader(tmp_path):
     assert sft_trainer.CustomSeq2SeqTrainer._get_train_sampler is original_sampler
     assert not lf.is_planned(_get_dataset(tmp_path, cutoff_len=64, neat_packing=True))
     assert len(plain) == 80
+
+
+def test_install_through_llamafactorys_run_exp(tmp_path):
+    """LLaMA-Factory's own training entry (run_exp: its parser, loader, collator, CustomSeq2SeqTrainer) on CPU with
+    install(): the trainer's dataloader holds the planned rows, sampled in the plan's order, and 2 steps train."""
+    from llamafactory.train.tuner import run_exp
+    from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
+
+    _toy_dataset_dir(tmp_path, n=40)
+    tokenizer().save_pretrained(tmp_path / "model")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                 pad_token_id=0, eos_token_id=2)).save_pretrained(tmp_path / "model")
+    seen = {}
+
+    class Probe(TrainerCallback):
+        def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+            seen["dataset"] = train_dataloader.dataset
+            seen["first"] = next(iter(train_dataloader))["input_ids"]
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            seen.setdefault("losses", []).append((logs or {}).get("loss"))
+
+    lf.install(cost="tokens")
+    try:
+        run_exp(dict(model_name_or_path=str(tmp_path / "model"), stage="sft", do_train=True, finetuning_type="full",
+                     dataset="toy", dataset_dir=str(tmp_path), template="default", cutoff_len=64, neat_packing=True,
+                     output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=2, logging_steps=1,
+                     report_to="none", flash_attn="sdpa", use_cpu=True, save_strategy="no", overwrite_cache=True),
+                callbacks=[Probe()])
+    finally:
+        lf.uninstall()
+    ds = seen["dataset"]
+    assert lf.is_planned(ds)
+    assert torch.equal(seen["first"], torch.tensor(ds[:2]["input_ids"]))  # rows 0 and 1: the plan's order
+    losses = [x for x in seen["losses"] if x is not None]
+    assert len(losses) == 2 and all(np.isfinite(losses))
