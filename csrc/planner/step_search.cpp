@@ -7,6 +7,8 @@
 namespace packkit {
 namespace {
 
+constexpr double kEnoughShed = 0.5;  // see `enough` in search_across_steps
+
 // Each step's costliest micro-batch (ties to the lower rank) and its two largest loads.
 struct StepTops {
   std::vector<int64_t> top;
@@ -95,6 +97,8 @@ int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* c
   // changes: it is rescanned only against the steps changed since (epochs = changes made so far).
   std::vector<int64_t> changed_at(K, 0), scanned_at(K, -1);
   std::vector<char> allowed(K);  // steps whose micro-batches this scan may take from / give to
+  std::vector<size_t> few;       // the allowed steps, when there are at most kFew of them
+  constexpr size_t kFew = 4;
   int64_t made = 0;
   // One scan of step s: the best change of its costliest micro-batch; kind 1 = move item to micro-batch target,
   // 2 = swap item with partner (in target); 0 = none.
@@ -105,13 +109,13 @@ int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* c
     kind = 0;
     src = static_cast<size_t>(tops.top[s]);
     const double lead = tops.first[s] - tops.second[s];  // how far the step's maximum can fall
-    bool any = false;
     const bool whole = scanned_at[s] < changed_at[s];
+    few.clear();
     for (size_t t = 0; t < K; ++t) {
       allowed[t] = t != s && (whole || changed_at[t] > scanned_at[s]);
-      any = any || allowed[t];
+      if (allowed[t] && few.size() <= kFew) few.push_back(t);
     }
-    if (!any) return;
+    if (few.empty()) return;
     double best = eps, best_shed = 0;
     // Changes of equal gain (a shed d anywhere in [lead, slack] gains exactly lead) prefer the one that sheds the
     // most, up to the step's mean: the step's top micro-batches then come down in few changes, not in many of one
@@ -123,6 +127,9 @@ int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* c
       if (net > best) return true;
       return net == best && kind != 0 && std::min({d, slack[m], above_mean}) > best_shed;
     };
+    // A change that gains the whole lead and sheds at least half the way to the step's mean ends the scan: others
+    // could only shed a little more.
+    auto enough = [&]() { return kind != 0 && best >= lead && best_shed >= kEnoughShed * above_mean; };
     auto consider_move = [&](int64_t i, double c, int64_t li, size_t m) {
       if (g.tok[m] + li > capacity) return;
       const double net = std::min(c, lead) - std::max(0.0, c - slack[m]);
@@ -139,9 +146,18 @@ int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* c
         best = net, best_shed = std::min({d, slack[m], above_mean}), kind = 2, item = i, partner = j, target = m;
     };
     for (int64_t i : g.items[src]) {
+      if (enough()) break;
       const double c = costs[i];
       const int64_t li = lengths[i];
       if (std::min(c, lead) < best) continue;  // no change of this item gains more than min(c, lead)
+      if (few.size() <= kFew) {  // a rescan against a few changed steps: their micro-batches item by item
+        for (size_t t : few)
+          for (size_t m = t * dp; m < (t + 1) * dp; ++m) {
+            if (moves) consider_move(i, c, li, m);
+            for (int64_t j : g.items[m]) consider_swap(i, c, li, j, m);
+          }
+        continue;
+      }
       if (moves) {  // a move gains only into slack > c - lead + best: the wide micro-batches first
         for (size_t m : wide)
           if (allowed[step_of[m]]) consider_move(i, c, li, m);
@@ -154,14 +170,14 @@ int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* c
             if (allowed[step_of[m]] && !is_wide[m]) consider_move(i, c, li, m);
       }
       for (size_t m : wide)
-        if (allowed[step_of[m]])
+        if (allowed[step_of[m]] && !enough())
           for (int64_t j : g.items[m]) consider_swap(i, c, li, j, m);
       // Other swap partners j: d = c - c_j > best (the gain is <= d) and d < tau + lead - best (beyond it the rise
       // of j's step, d - slack >= d - tau, outweighs any gain): a window of by_cost.
       size_t p = static_cast<size_t>(
           std::upper_bound(sorted_cost.begin(), sorted_cost.end(), c - best, std::greater<double>()) -
           sorted_cost.begin());
-      for (; p < n && c - sorted_cost[p] < tau + lead - best; ++p) {
+      for (; p < n && c - sorted_cost[p] < tau + lead - best && !enough(); ++p) {
         const int64_t j = by_cost[p];
         const size_t m = static_cast<size_t>(where[static_cast<size_t>(j)]);
         if (allowed[step_of[m]] && !is_wide[m]) consider_swap(i, c, li, j, m);
