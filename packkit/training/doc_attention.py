@@ -79,6 +79,114 @@ def _sequences(p):
             yield qs, qe, ks, ke
 
 
+# Documents of similar length share one CPU kernel call, right-padded to the group's longest: a kernel call has a
+# fixed cost (its threads' fork / join, dear on a busy machine), and causal padding is exact for the real rows (a
+# real query never sees a padded key, which sits after every real one). A group's padded work may exceed its
+# documents' own by a quarter, plus one 128 x 128 block.
+_SLACK, _SMALL = 0.25, 128 * 128
+
+
+def group_lengths(lengths) -> list:
+    """Indices of ``lengths`` in groups (each longest first) whose padded cost ``n * max ** 2`` stays within
+    ``(1 + _SLACK) * sum(l ** 2) + _SMALL``: greedy, over the lengths sorted longest first."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups = []
+    for i in order:
+        if groups:
+            top, useful = lengths[groups[-1][0]] ** 2, groups[-1][1] + lengths[i] ** 2
+            if (len(groups[-1][2]) + 1) * top <= (1 + _SLACK) * useful + _SMALL:
+                groups[-1][1] = useful
+                groups[-1][2].append(i)
+                continue
+        groups.append([i, lengths[i] ** 2, [i]])
+    return [g[2] for g in groups]
+
+
+class _Group(NamedTuple):
+    """Sequences run by one CPU kernel call. One sequence: ``view`` = its (qs, qe, ks, ke), no copy. Several (causal,
+    each query range its key range): a padded ``[n, length]`` grid; ``take`` [n * length] gathers its tokens (a
+    padding slot repeats its document's last token: finite, unseen by real rows), ``pad`` marks the padding slots,
+    ``real`` = (document, position) of each real token in the grid and ``tokens`` its token index."""
+    length: int
+    view: Optional[tuple]
+    take: Optional[torch.Tensor] = None
+    pad: Optional[torch.Tensor] = None
+    real: Optional[tuple] = None
+    tokens: Optional[torch.Tensor] = None
+
+
+def _cpu_groups(p) -> list:
+    seqs = list(_sequences(p))
+    ordered = sorted(seqs)  # grouped documents are written back by index, so they must not overlap
+    if not p.causal or any(qs != ks or qe != ke for qs, qe, ks, ke in seqs) or \
+            any(a[1] > b[0] for a, b in zip(ordered, ordered[1:])):
+        return [_Group(qe - qs, (qs, qe, ks, ke)) for qs, qe, ks, ke in seqs]
+    groups = []
+    for members in group_lengths([qe - qs for qs, qe, _, _ in seqs]):
+        if len(members) == 1:
+            qs, qe, ks, ke = seqs[members[0]]
+            groups.append(_Group(qe - qs, (qs, qe, ks, ke)))
+            continue
+        starts = np.array([seqs[i][0] for i in members], np.int64)
+        lens = np.array([seqs[i][1] - seqs[i][0] for i in members], np.int64)
+        n, length = len(members), int(lens.max())
+        j = np.arange(length)
+        slot_is_real = j[None, :] < lens[:, None]
+        take = starts[:, None] + np.minimum(j[None, :], lens[:, None] - 1)
+        doc, pos = np.nonzero(slot_is_real)
+        groups.append(_Group(length, None, torch.from_numpy(take.reshape(-1)),
+                             torch.from_numpy(~slot_is_real.reshape(-1)),
+                             (torch.from_numpy(doc), torch.from_numpy(pos)), torch.from_numpy(take[doc, pos])))
+    return groups
+
+
+def _grid(x: torch.Tensor, g: _Group) -> torch.Tensor:
+    """``[T, H, D]`` -> the group's ``[n, H, length, D]`` (a view for one sequence, else one gather)."""
+    if g.view is not None:
+        return _bhld(x[g.view[0]:g.view[1]])
+    return x.index_select(0, g.take).view(-1, g.length, *x.shape[1:]).transpose(1, 2)
+
+
+def _cpu_forward(q, k, v, p, scale, limits, out, lse):
+    for g in _cpu_groups(p):
+        if g.view is not None:
+            qs, qe, ks, ke = g.view
+            mode = _cpu_mode(qe - qs, ke - ks, p.causal, limits, q.dtype, q.device)
+            o, l_i = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]), 0.0, scale=scale, **mode)
+            out[qs:qe] = _lhd(o)
+            lse[:, qs:qe] = l_i[0]
+            continue
+        mode = _cpu_mode(g.length, g.length, True, limits, q.dtype, q.device)
+        o, l_i = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            _grid(q, g), _grid(k, g), _grid(v, g), 0.0, scale=scale, **mode)
+        out[g.tokens] = o.transpose(1, 2)[g.real]  # [n, L, H, D] at (document, position): [m, H, D]
+        lse[:, g.tokens] = l_i.transpose(1, 2)[g.real].to(lse.dtype).t()
+
+
+def _cpu_backward(dout, q, k, v, out, lse, p, scale, limits, dq, dk, dv):
+    acc = dq.dtype
+    for g in _cpu_groups(p):
+        if g.view is not None:
+            qs, qe, ks, ke = g.view
+            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                _bhld(dout[qs:qe]), _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]), _bhld(out[qs:qe]),
+                lse[:, qs:qe].unsqueeze(0).to(acc), 0.0, scale=scale,
+                **_cpu_mode(qe - qs, ke - ks, p.causal, limits, q.dtype, q.device))
+            dq[qs:qe] += _lhd(gq)
+            dk[ks:ke] += _lhd(gk)
+            dv[ks:ke] += _lhd(gv)
+            continue
+        # Padding rows get lse = +inf: their probabilities are 0, so they add nothing to any real key's gradient.
+        l_g = lse.index_select(1, g.take).to(acc).masked_fill_(g.pad[None, :], float("inf"))
+        l_g = l_g.view(lse.shape[0], -1, g.length).transpose(0, 1).contiguous()
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            _grid(dout, g), _grid(q, g), _grid(k, g), _grid(v, g), _grid(out, g), l_g, 0.0, scale=scale,
+            **_cpu_mode(g.length, g.length, True, limits, q.dtype, q.device))
+        for total, grad in zip((dq, dk, dv), grads):  # the documents do not overlap: one write per token
+            total[g.tokens] = grad.transpose(1, 2)[g.real].to(acc)
+
+
 def _check_limits(causal: bool, window: Optional[int], chunk: Optional[int]) -> tuple:
     for name, x in (("window", window), ("chunk", chunk)):
         if x is not None and (type(x) is not int or x < 1):
@@ -137,14 +245,10 @@ def varlen_forward(q, k, v, p, scale: float, softcap: Optional[float] = None, wi
     t, h, _ = q.shape
     out = torch.zeros(t, h, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.full((h, t), float("-inf"), dtype=acc, device=q.device)
+    if _use_cpu_kernel(q, softcap):
+        _cpu_forward(q, k, v, p, scale, limits, out, lse)
+        return out, lse
     for qs, qe, ks, ke in _sequences(p):
-        if _use_cpu_kernel(q, softcap):
-            o, l_i = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]), 0.0, scale=scale,
-                **_cpu_mode(qe - qs, ke - ks, p.causal, limits, q.dtype, q.device))
-            out[qs:qe] = _lhd(o)
-            lse[:, qs:qe] = l_i[0].to(acc)
-            continue
         s = _scores(q[qs:qe].to(acc), k[ks:ke].to(acc), scale, softcap, p.causal, limits)
         l_i = torch.logsumexp(s, dim=-1)
         out[qs:qe] = torch.einsum("hqk,khd->qhd", torch.exp(s - l_i[..., None]), v[ks:ke].to(acc)).to(q.dtype)
@@ -166,18 +270,11 @@ def varlen_backward(dout, q, k, v, out, lse, p, scale: float, softcap: Optional[
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=q.device)
     dv = torch.zeros(v.shape, dtype=acc, device=q.device)
-    cpu = _use_cpu_kernel(q, softcap)
-    delta = None if cpu else (dout.to(acc) * out.to(acc)).sum(-1).transpose(0, 1)  # [H, T]
+    if _use_cpu_kernel(q, softcap):  # the fused CPU flash backward, given out and lse
+        _cpu_backward(dout, q, k, v, out, lse, p, scale, limits, dq, dk, dv)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(0, 1)  # [H, T]
     for qs, qe, ks, ke in _sequences(p):
-        if cpu:  # the fused CPU flash backward, given out and lse
-            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                _bhld(dout[qs:qe]), _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]), _bhld(out[qs:qe]),
-                lse[:, qs:qe].unsqueeze(0).to(acc), 0.0, scale=scale,
-                **_cpu_mode(qe - qs, ke - ks, p.causal, limits, q.dtype, q.device))
-            dq[qs:qe] += _lhd(gq)
-            dk[ks:ke] += _lhd(gk)
-            dv[ks:ke] += _lhd(gv)
-            continue
         qi, ki, vi, doi = q[qs:qe].to(acc), k[ks:ke].to(acc), v[ks:ke].to(acc), dout[qs:qe].to(acc)
         s = _scores(qi, ki, scale, softcap, p.causal, limits)
         prob = torch.exp(s - lse[:, qs:qe, None].to(acc))  # lse = +inf for masked queries: prob 0
@@ -237,5 +334,7 @@ def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Spans, s
         raise ValueError(f"sink must have shape ({q.shape[1]},) (one logit per query head); got {tuple(sink.shape)}")
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap must be > 0 or None; got {softcap!r}")
-    return _DocAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), sink, p, scale, softcap, window,
-                               chunk)
+    # Any strides with a unit last one: the kernels read [1, H, L, D] views of each document, so a transposed
+    # [B=1, H, S, D] query is taken as it is (no copy).
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    return _DocAttention.apply(q, k, v, sink, p, scale, softcap, window, chunk)

@@ -174,10 +174,13 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
                           f"document, {max_length_q})", f"torch {torch.__version__}'s varlen_attn has no window_size")
         limits["window"] = int(sliding_window)
     batch, heads, length, dim = query.shape
-    # [B, H, S, D] -> [B*S, H, D]: the packed token order the cu_seqlens index.
-    q = query.transpose(1, 2).reshape(batch * length, heads, dim)
-    k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)
-    v = value.transpose(1, 2).reshape(batch * length, value.shape[1], value.shape[-1])
+    # [B, H, S, D] -> [B*S, H, D]: the packed token order the cu_seqlens index (one row, on the CPU: a view).
+    if batch == 1 and device == "cpu":
+        q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
+    else:
+        q = query.transpose(1, 2).reshape(batch * length, heads, dim)
+        k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)
+        v = value.transpose(1, 2).reshape(batch * length, value.shape[1], value.shape[-1])
     if k.shape[1] != heads:  # grouped-query attention: every query head gets its key/value head
         k = k.repeat_interleave(heads // k.shape[1], dim=1)
         v = v.repeat_interleave(heads // v.shape[1], dim=1)
