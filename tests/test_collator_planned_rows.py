@@ -149,3 +149,18 @@ def test_hf_trainer_forwards_exactly_the_planned_rows(tmp_path):
             return self.collate([f for row in features for f in row])
 
     assert forwarded(Flatten()) != planned
+
+
+def test_sampler_rows_through_a_dataloader_keep_their_steps():
+    """PackedBatchSampler(rows_per_step=4)'s rows for one rank, 2 per micro-batch: each batch is 2 of its planned
+    rows, in order, so every optimizer step (2 micro-batches) holds exactly the sampler's 4 rows of that step."""
+    from torch.utils.data import DataLoader
+
+    lengths = np.random.default_rng(2).integers(1, CAPACITY, 150)
+    ds = dataset(lengths)
+    sampler = packkit.PackedBatchSampler(lengths, CAPACITY, rank=1, world_size=2, rows_per_step=4, seed=3)
+    rows = list(sampler)
+    loader = DataLoader([[ds[i] for i in r] for r in rows], batch_size=2, shuffle=False,
+                        collate_fn=PackingCollator(CAPACITY, layout="padded", planned_rows=True))
+    got = [r for batch in loader for r in rows_of(batch)]
+    assert got == rows and len(loader) == 2 * sampler.num_steps
