@@ -131,3 +131,27 @@ def test_argument_errors(kwargs, error, match):
     args = dict(lengths=[3, 4], cutoff_len=8) | kwargs
     with pytest.raises(error, match=match):
         plan_rows(args.pop("lengths"), args.pop("cutoff_len"), **args)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(dp_size=0), ValueError, "dp_size must be None or an int >= 1"),
+    (dict(seed=-1), ValueError, "seed must be None or an int >= 0"),
+    (dict(shuffle="yes"), TypeError, "shuffle must be a bool"),
+    (dict(cost="flops"), ValueError, "unknown cost 'flops'"),
+])
+def test_install_argument_errors(kwargs, error, match):
+    from packkit.integrations.llamafactory import install
+
+    with pytest.raises(error, match=match):  # refused before LLaMA-Factory is imported or patched
+        install(**kwargs)
+
+
+def test_install_without_llamafactory_names_the_install():
+    import importlib.util
+
+    from packkit.integrations.llamafactory import install
+
+    if importlib.util.find_spec("llamafactory") is not None:
+        pytest.skip("llamafactory is installed here")
+    with pytest.raises(ImportError, match="needs llamafactory==0.9.5"):
+        install()

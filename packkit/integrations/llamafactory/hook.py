@@ -67,11 +67,11 @@ def install(*, cost="attention", dp_size: int | None = None, seed: int | None = 
         plain = copy.copy(data_args)  # no __post_init__: only these two change
         plain.packing, plain.neat_packing = False, False
         tokenized = original(dataset, plain, training_args, stage, template, tokenizer, processor, is_eval)
-        ranks = 1 if is_eval else (dp_size or training_args.world_size)
-        per_rank = training_args.per_device_eval_batch_size if is_eval else training_args.per_device_train_batch_size
+        ranks = 1 if is_eval else (dp_size or training_args.world_size)  # eval: packed, not balanced
+        per_rank = 1 if is_eval else training_args.per_device_train_batch_size
         packed, plan = pack_dataset(
             tokenized, data_args.cutoff_len, neat_packing=bool(data_args.neat_packing),
-            pad_token_id=tokenizer.pad_token_id, dp_size=ranks, rows_per_rank=1 if is_eval else per_rank, cost=cost,
+            pad_token_id=tokenizer.pad_token_id, dp_size=ranks, rows_per_rank=per_rank, cost=cost,
             seed=training_args.seed if seed is None else seed, shuffle=shuffle and not is_eval,
             num_proc=data_args.preprocessing_num_workers)
         LOG.info("packkit: %d examples -> %d rows of %d tokens (efficiency %.4f), dp_size=%d, step balance %.5f",
