@@ -117,93 +117,6 @@ bool pack_any(const std::vector<int64_t>& items, const int64_t* lengths, const d
   return false;
 }
 
-// Local search inside one step: parts[r] are rank r's items. Moves (if allowed) or swaps from the costliest rank
-// to another rank while that lowers the costliest rank's cost below the old maximum and keeps both within the cap.
-constexpr size_t kPartners = 8;  // cheapest ranks tried when the cheapest cannot take from the costliest
-
-void refine_step(std::vector<std::vector<int64_t>>& parts, std::vector<double>& load, std::vector<int64_t>& tok,
-                 const int64_t* lengths, const double* costs, int64_t capacity, bool moves, int rounds) {
-  const size_t dp = parts.size();
-  if (dp < 2) return;
-  double total = 0;
-  for (double x : load) total += x;
-  const double good_enough = total / static_cast<double>(dp) * (1.0 + 1e-5);  // the step's max this close to its mean: stop
-  std::vector<size_t> partners;
-  partners.reserve(dp);
-  // The best move or swap from rank hi to rank lo: kind 1 = move a[i], 2 = swap a[i] with b[k]; 0 = none lowers
-  // the pair's larger cost.
-  auto best_change = [&](size_t hi, size_t lo, size_t& bi, size_t& bk) {
-    const double gap = load[hi] - load[lo];
-    int kind = 0;
-    if (gap <= 0) return kind;
-    const std::vector<int64_t>& a = parts[hi];
-    const std::vector<int64_t>& b = parts[lo];
-    double best_gain = gap * 1e-9;
-    if (moves) {
-      for (size_t i = 0; i < a.size(); ++i) {
-        const double c = costs[a[i]];
-        if (c <= 0 || tok[lo] + lengths[a[i]] > capacity) continue;
-        const double gain = std::min(c, gap - c);
-        if (gain > best_gain) best_gain = gain, kind = 1, bi = i;
-      }
-    }
-    for (size_t i = 0; i < a.size(); ++i) {
-      const double ci = costs[a[i]];
-      const int64_t li = lengths[a[i]];
-      for (size_t k = 0; k < b.size(); ++k) {
-        const double d = ci - costs[b[k]];
-        if (d <= best_gain) continue;  // gain = min(d, gap - d) <= d
-        const int64_t dl = li - lengths[b[k]];
-        if (tok[lo] + dl > capacity || tok[hi] - dl > capacity) continue;
-        const double gain = std::min(d, gap - d);
-        if (gain > best_gain) best_gain = gain, kind = 2, bi = i, bk = k;
-      }
-    }
-    return kind;
-  };
-  for (int round = 0; round < rounds; ++round) {
-    size_t hi = 0, lo = 0;
-    for (size_t r = 1; r < dp; ++r) {
-      if (load[r] > load[hi]) hi = r;
-      if (load[r] < load[lo]) lo = r;
-    }
-    if (load[hi] <= good_enough) return;
-    size_t bi = 0, bk = 0;
-    int kind = best_change(hi, lo, bi, bk);
-    if (kind == 0) {  // the cheapest rank cannot help: the next cheapest ones
-      partners.clear();
-      for (size_t r = 0; r < dp; ++r)
-        if (r != hi && r != lo) partners.push_back(r);
-      const size_t tried = std::min<size_t>(partners.size(), kPartners);
-      std::partial_sort(partners.begin(), partners.begin() + static_cast<std::ptrdiff_t>(tried), partners.end(),
-                        [&](size_t a, size_t b) { return load[a] != load[b] ? load[a] < load[b] : a < b; });
-      partners.resize(tried);
-      for (size_t r : partners) {
-        kind = best_change(hi, r, bi, bk);
-        if (kind) {
-          lo = r;
-          break;
-        }
-      }
-      if (kind == 0) return;
-    }
-    std::vector<int64_t>& a = parts[hi];
-    std::vector<int64_t>& b = parts[lo];
-    if (kind == 1) {
-      const int64_t x = a[bi];
-      a.erase(a.begin() + static_cast<std::ptrdiff_t>(bi));
-      b.push_back(x);
-      load[hi] -= costs[x], load[lo] += costs[x];
-      tok[hi] -= lengths[x], tok[lo] += lengths[x];
-    } else {
-      const int64_t x = a[bi], y = b[bk];
-      a[bi] = y, b[bk] = x;
-      load[hi] += costs[y] - costs[x], load[lo] += costs[x] - costs[y];
-      tok[hi] += lengths[y] - lengths[x], tok[lo] += lengths[x] - lengths[y];
-    }
-  }
-}
-
 // Item indices by cost descending, ties by length descending then index ascending. An LSD radix sort on the
 // cost's bits (a non-negative double's bits order like the value; stable, so equal costs keep index order), then
 // equal-cost runs sorted by length (stable). O(n) passes instead of a comparison sort.
@@ -239,9 +152,13 @@ std::vector<int64_t> costliest_first(const int64_t* lengths, const double* costs
   for (size_t i = 0; i < n;) {  // equal costs: longer first (stable: then lower index)
     size_t j = i + 1;
     while (j < n && key[j] == key[i]) ++j;
-    if (j - i > 1)
+    if (j - i > 32) {
       std::stable_sort(ord.begin() + static_cast<std::ptrdiff_t>(i), ord.begin() + static_cast<std::ptrdiff_t>(j),
                        [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+    } else {  // short runs (usually equal lengths too): a stable insertion sort, no buffer to allocate
+      for (size_t a = i + 1; a < j; ++a)
+        for (size_t b = a; b > i && lengths[ord[b]] > lengths[ord[b - 1]]; --b) std::swap(ord[b], ord[b - 1]);
+    }
     i = j;
   }
   return ord;
@@ -311,14 +228,7 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
   // inside each step.
   const size_t udp = static_cast<size_t>(dp);
   auto refine = [&](StepGrid& grid, size_t s) {
-    std::vector<std::vector<int64_t>> parts(udp);
-    std::vector<double> sload(udp);
-    std::vector<int64_t> stok(udp);
-    for (size_t r = 0; r < udp; ++r)
-      parts[r].swap(grid.items[s * udp + r]), sload[r] = grid.load[s * udp + r], stok[r] = grid.tok[s * udp + r];
-    refine_step(parts, sload, stok, lengths, costs, capacity, !equal_count, refine_rounds);
-    for (size_t r = 0; r < udp; ++r)
-      grid.items[s * udp + r].swap(parts[r]), grid.load[s * udp + r] = sload[r], grid.tok[s * udp + r] = stok[r];
+    search_in_step(grid, s, lengths, costs, capacity, !equal_count, refine_rounds);
   };
   auto make_grid = [&](const std::vector<int64_t>& slot) {
     StepGrid grid;

@@ -1,6 +1,7 @@
 // Cross-step local search for RL micro-batches: lowers sum over steps of the step's costliest micro-batch.
 // Pure C++17 (no torch, no Python); used by rl_micro_batches (micro_batches.cpp).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -27,6 +28,11 @@ struct StepGrid {
 int64_t search_across_steps(StepGrid& grid, const int64_t* lengths, const double* costs, int64_t capacity,
                             const std::vector<int64_t>& by_cost, bool moves, int64_t max_rounds,
                             std::vector<char>& changed);
+
+// Local search inside step s: moves (if allowed) or swaps from its costliest micro-batch to its cheapest ones (up to
+// 8 tried) while that lowers the step's maximum and keeps both within `capacity`; at most `rounds` changes.
+void search_in_step(StepGrid& grid, size_t s, const int64_t* lengths, const double* costs, int64_t capacity,
+                    bool moves, int rounds);
 
 // sum over steps of the costliest micro-batch / sum over steps of the mean (1 when the grid holds no cost).
 double step_balance(const StepGrid& grid);
