@@ -10,7 +10,6 @@ no sync); shapes and keys, which are host metadata, are checked at once.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import numpy as np
 import torch

@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-from ..packing.multimodal.mrope import MRopeSpec, as_grids, mrope_spec, sample_rows, token_types, video_grids_for_rope
+from ..packing.multimodal.mrope import MRopeSpec, mrope_spec, sample_rows, token_types, video_grids_for_rope
 from ..packing.multimodal.vision import _stack_positions, check_vision
 from ..packing.tensors import to_device
 from .tree import PrefixForest
