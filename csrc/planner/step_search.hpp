@@ -1,5 +1,6 @@
-// Cross-step local search for RL micro-batches: lowers sum over steps of the step's costliest micro-batch.
-// Pure C++17 (no torch, no Python); used by rl_micro_batches (micro_batches.cpp).
+// Local searches for RL micro-batches, lowering sum over steps of the step's costliest micro-batch: across steps
+// (step_search.cpp) and inside one step (in_step_search.cpp). Pure C++17 (no torch, no Python); used by
+// rl_micro_batches (micro_batches.cpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -18,12 +19,13 @@ struct StepGrid {
 
 // An item of a step's costliest micro-batch moves (moves = true) or swaps with a cheaper item into a micro-batch of
 // *another* step that has room under its step's maximum and under `capacity`: the first step's maximum falls, the
-// other's rises by less. Each round applies the best such change of the first step (largest lead of its maximum
-// over its second costliest micro-batch first) that has one; every change strictly lowers the objective (by more
-// than 1e-12 of the total cost), the cap holds by construction, swaps keep every micro-batch's item count.
-// Stops when no step has an improving change, or after max_rounds changes. The grid's items are 0 .. n-1 and
-// `by_cost` holds each of them once, costliest first (ties in a fixed order): swap partners are found in a window
-// of it. Deterministic. A step already scanned without result is rescanned only against the steps changed since.
+// other's rises by less. Every change strictly lowers the objective (by more than 1e-12 of the total cost), the cap
+// holds by construction, swaps keep every micro-batch's item count.
+// Sweeps over the steps (largest lead = maximum minus second costliest micro-batch first), each step's best change applied at once, until a sweep finds none or
+// after max_rounds changes. The grid's items are 0 .. n-1 and `by_cost` holds each of them once, costliest first
+// (ties in a fixed order); each step's items are kept in that order, so swap partners are found per step by a
+// binary search and a window bounded by the step's largest slack. A step scanned without result is rescanned only
+// against the steps changed since. Deterministic.
 // Marks changed[s] for every step it changed; returns the number of changes made.
 int64_t search_across_steps(StepGrid& grid, const int64_t* lengths, const double* costs, int64_t capacity,
                             const std::vector<int64_t>& by_cost, bool moves, int64_t max_rounds,
