@@ -67,14 +67,16 @@ def table(rows: list[dict]) -> str:
             marks = " ".join(f"{k}:{'ok' if v else 'MISS'}" for k, v in row["targets"].items())
         lines.append(f"{row['trainer']:<13}{row['workload']:<9}{row['dp_size']:>4}{row['hidden']:>6}  "
                      f"{row['method']:<18}{row['rows']:>7}{row['steps']:>7}{row['efficiency']:>8.4f}"
-                     f"{row['balance']:>9.4f}{row['plan_seconds']:>9.3f}{row.get('trained_samples', row['n_samples']):>9}  {marks}")
+                     f"{row['balance']:>9.4f}{row['plan_seconds']:>9.3f}"
+                     f"{row.get('trained_samples', row['n_samples']):>9}  {marks}")
     return "\n".join(lines)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
-    parser.add_argument("--workloads", nargs="+", choices=[w.name for w in WORKLOADS], default=[w.name for w in WORKLOADS])
+    names = [w.name for w in WORKLOADS]
+    parser.add_argument("--workloads", nargs="+", choices=names, default=names)
     parser.add_argument("--dp", nargs="+", type=int, default=list(DP_SIZES))
     parser.add_argument("--hidden", nargs="+", type=int, default=list(HIDDEN_SIZES))
     parser.add_argument("--repeats", type=int, default=3)

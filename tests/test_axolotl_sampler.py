@@ -146,7 +146,8 @@ def test_fill_splits_last_step_rows_then_borrows_then_drops():
     cost = lambda x: x.astype(np.float64)  # noqa: E731
     # last step: one row of three samples and one empty row -> split
     steps, dropped = fill_last_step([[[[0]], [[1]]], [[[2, 4, 5]], [[]]]], lengths, cost)
-    assert dropped == [] and sorted(steps[1][0][0] + steps[1][1][0]) == [2, 4, 5] and all(steps[1][r][0] for r in (0, 1))
+    assert dropped == [] and sorted(steps[1][0][0] + steps[1][1][0]) == [2, 4, 5]
+    assert all(steps[1][r][0] for r in (0, 1))
     # last step rows hold one sample each: borrow the cheapest sample of the fullest earlier row
     steps, dropped = fill_last_step([[[[0, 4, 5]], [[1]]], [[[2]], [[]]]], lengths, cost)
     assert dropped == [] and steps[1][1][0] in ([4], [5]) and len(steps[0][0][0]) == 2

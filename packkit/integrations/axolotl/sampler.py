@@ -75,8 +75,8 @@ class MultipackBatchSampler(BatchSampler):
         bin_size: most samples per row (axolotl's ``sample_packing_bin_size``), or None/0 for no cap: every sample
             is planned at no less than ``ceil(batch_max_len / bin_size)`` tokens, so no row can hold more.
         drop_last: kept for the signature; every step is yielded whole (see ``dropped_last``).
-        sequential: keep the sampler's order (axolotl's ``sample_packing_sequentially``): next-fit rows in
-            order, dealt round-robin, not balanced.
+        sequential: keep the sampler's order (axolotl's ``sample_packing_sequentially``; None, an unset key, is
+            False): next-fit rows in order, dealt round-robin, not balanced.
         packing_efficiency_estimate, num_count_samples, group_size, num_processes, safe_mode, mp_start_method:
             tune axolotl's own packer; accepted and unused.
     Args (packkit's):
@@ -108,6 +108,7 @@ class MultipackBatchSampler(BatchSampler):
         self.bin_size = None if bin_size in (None, 0) else int_arg(bin_size, "bin_size")
         if self.bin_size is not None and self.bin_size < 0:
             raise ValueError(f"bin_size must be a positive int, 0 or None (no cap), got {self.bin_size}")
+        sequential = False if sequential is None else sequential  # an unset cfg key, as axolotl reads it
         if not isinstance(sequential, (bool, np.bool_)):
             raise TypeError(f"sequential must be a bool, got {type(sequential).__name__} {sequential!r}")
         self.sequential = bool(sequential)
@@ -307,8 +308,8 @@ def _rows_of(plan, bins: np.ndarray, permutation) -> list[list[int]]:
     offsets = plan.segments.bin_offsets
     counts = offsets[1:][bins] - offsets[:-1][bins]
     ends = np.cumsum(counts)
-    gather = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(offsets[:-1][bins] - (ends - counts),
-                                                                                     counts)
+    total = int(ends[-1]) if len(ends) else 0
+    gather = np.arange(total, dtype=np.int64) + np.repeat(offsets[:-1][bins] - (ends - counts), counts)
     seq = plan.segments.seq_index[gather]
     as_list = (seq if permutation is None else permutation[seq]).tolist()
     return [as_list[e - c:e] for c, e in zip(counts.tolist(), ends.tolist())]
