@@ -103,88 +103,117 @@ def group_lengths(lengths) -> list:
 
 
 class _Group(NamedTuple):
-    """Sequences run by one CPU kernel call. One sequence: ``view`` = its (qs, qe, ks, ke), no copy. Several (causal,
-    each query range its key range): a padded ``[n, length]`` grid; ``take`` [n * length] gathers its tokens (a
-    padding slot repeats its document's last token: finite, unseen by real rows), ``pad`` marks the padding slots,
-    ``real`` = (document, position) of each real token in the grid and ``tokens`` its token index."""
+    """Sequences run by one CPU kernel call, ``members`` (qs, qe, ks, ke) in grid order. One member: views, no copy.
+    Several (causal, each query range its key range): a padded ``[n, length]`` grid; ``take`` [n * length] gathers
+    its tokens (a padding slot repeats its document's last token: finite, unseen by real rows), ``pad`` marks the
+    padding slots."""
     length: int
-    view: Optional[tuple]
+    members: list
     take: Optional[torch.Tensor] = None
     pad: Optional[torch.Tensor] = None
-    real: Optional[tuple] = None
-    tokens: Optional[torch.Tensor] = None
 
 
 def _cpu_groups(p) -> list:
     seqs = list(_sequences(p))
-    ordered = sorted(seqs)  # grouped documents are written back by index, so they must not overlap
-    if not p.causal or any(qs != ks or qe != ke for qs, qe, ks, ke in seqs) or \
-            any(a[1] > b[0] for a, b in zip(ordered, ordered[1:])):
-        return [_Group(qe - qs, (qs, qe, ks, ke)) for qs, qe, ks, ke in seqs]
+    if not p.causal or any(qs != ks or qe != ke for qs, qe, ks, ke in seqs):
+        return [_Group(qe - qs, [(qs, qe, ks, ke)]) for qs, qe, ks, ke in seqs]
     groups = []
     for members in group_lengths([qe - qs for qs, qe, _, _ in seqs]):
-        if len(members) == 1:
-            qs, qe, ks, ke = seqs[members[0]]
-            groups.append(_Group(qe - qs, (qs, qe, ks, ke)))
+        chosen = [seqs[i] for i in members]
+        if len(chosen) == 1:
+            groups.append(_Group(chosen[0][1] - chosen[0][0], chosen))
             continue
-        starts = np.array([seqs[i][0] for i in members], np.int64)
-        lens = np.array([seqs[i][1] - seqs[i][0] for i in members], np.int64)
-        n, length = len(members), int(lens.max())
+        starts = np.array([m[0] for m in chosen], np.int64)
+        lens = np.array([m[1] - m[0] for m in chosen], np.int64)
+        length = int(lens.max())
         j = np.arange(length)
-        slot_is_real = j[None, :] < lens[:, None]
         take = starts[:, None] + np.minimum(j[None, :], lens[:, None] - 1)
-        doc, pos = np.nonzero(slot_is_real)
-        groups.append(_Group(length, None, torch.from_numpy(take.reshape(-1)),
-                             torch.from_numpy(~slot_is_real.reshape(-1)),
-                             (torch.from_numpy(doc), torch.from_numpy(pos)), torch.from_numpy(take[doc, pos])))
+        groups.append(_Group(length, chosen, torch.from_numpy(take.reshape(-1)),
+                             torch.from_numpy((j[None, :] >= lens[:, None]).reshape(-1))))
     return groups
 
 
-def _grid(x: torch.Tensor, g: _Group) -> torch.Tensor:
+def _grid(x: torch.Tensor, g: _Group, keys: bool) -> torch.Tensor:
     """``[T, H, D]`` -> the group's ``[n, H, length, D]`` (a view for one sequence, else one gather)."""
-    if g.view is not None:
-        return _bhld(x[g.view[0]:g.view[1]])
+    if g.take is None:
+        start, end = g.members[0][2:] if keys else g.members[0][:2]
+        return _bhld(x[start:end])
     return x.index_select(0, g.take).view(-1, g.length, *x.shape[1:]).transpose(1, 2)
 
 
-def _cpu_forward(q, k, v, p, scale, limits, out, lse):
+def _tiling(ranges: list, total: int) -> Optional[list]:
+    """The order in which the ranges' (qs, qe) tile ``[0, total)`` exactly, or None."""
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    bounds = [ranges[i][:2] for i in order]
+    if bounds and bounds[0][0] == 0 and bounds[-1][1] == total and all(
+            a[1] == b[0] for a, b in zip(bounds, bounds[1:])):
+        return order
+    return None
+
+
+def _place(ranges: list, pieces: list, total: int, dim: int, fill: float, dtype) -> torch.Tensor:
+    """The pieces (each its query range's rows along ``dim``) as one tensor of ``total`` rows: a concatenation when
+    the ranges tile ``[0, total)`` (one copy, or none for one piece), else written into a ``fill``-ed one."""
+    order = _tiling(ranges, total)
+    if order is not None:
+        out = pieces[order[0]] if len(order) == 1 else torch.cat([pieces[i] for i in order], dim)
+        return out.to(dtype)
+    shape = list(pieces[0].shape) if pieces else [total]
+    shape[dim] = total
+    out = torch.full(shape, fill, dtype=dtype, device=pieces[0].device) if pieces else None
+    for (qs, qe, *_), piece in zip(ranges, pieces):
+        out.narrow(dim, qs, qe - qs).copy_(piece)
+    return out
+
+
+def _cpu_forward(q, k, v, p, scale, limits):
+    """``(out [T, H, D], lse [H, T])`` through torch's CPU flash kernel, one call per group."""
+    ranges, outs, lses = [], [], []
     for g in _cpu_groups(p):
-        if g.view is not None:
-            qs, qe, ks, ke = g.view
-            mode = _cpu_mode(qe - qs, ke - ks, p.causal, limits, q.dtype, q.device)
-            o, l_i = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]), 0.0, scale=scale, **mode)
-            out[qs:qe] = _lhd(o)
-            lse[:, qs:qe] = l_i[0]
-            continue
-        mode = _cpu_mode(g.length, g.length, True, limits, q.dtype, q.device)
+        (qs, qe, ks, ke), single = g.members[0], g.take is None
+        mode = _cpu_mode(qe - qs, ke - ks, p.causal, limits, q.dtype, q.device) if single else \
+            _cpu_mode(g.length, g.length, True, limits, q.dtype, q.device)
         o, l_i = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            _grid(q, g), _grid(k, g), _grid(v, g), 0.0, scale=scale, **mode)
-        out[g.tokens] = o.transpose(1, 2)[g.real]  # [n, L, H, D] at (document, position): [m, H, D]
-        lse[:, g.tokens] = l_i.transpose(1, 2)[g.real].to(lse.dtype).t()
+            _grid(q, g, False), _grid(k, g, True), _grid(v, g, True), 0.0, scale=scale, **mode)
+        for i, (qs, qe, ks, ke) in enumerate(g.members):  # [n, H, L, D] -> each document's [l, H, D] (views)
+            ranges.append((qs, qe))
+            outs.append(o[i, :, :qe - qs].transpose(0, 1))
+            lses.append(l_i[i, :, :qe - qs])
+    if not ranges:
+        return (torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device),
+                torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=_acc(q), device=q.device))
+    return _place(ranges, outs, q.shape[0], 0, 0.0, q.dtype), _place(ranges, lses, q.shape[0], 1, float("-inf"),
+                                                                      _acc(q))
 
 
-def _cpu_backward(dout, q, k, v, out, lse, p, scale, limits, dq, dk, dv):
-    acc = dq.dtype
+def _cpu_backward(dout, q, k, v, out, lse, p, scale, limits):
+    acc = _acc(q)
+    ranges, grads = [], ([], [], [])
     for g in _cpu_groups(p):
-        if g.view is not None:
-            qs, qe, ks, ke = g.view
-            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                _bhld(dout[qs:qe]), _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]), _bhld(out[qs:qe]),
-                lse[:, qs:qe].unsqueeze(0).to(acc), 0.0, scale=scale,
-                **_cpu_mode(qe - qs, ke - ks, p.causal, limits, q.dtype, q.device))
-            dq[qs:qe] += _lhd(gq)
-            dk[ks:ke] += _lhd(gk)
-            dv[ks:ke] += _lhd(gv)
-            continue
-        # Padding rows get lse = +inf: their probabilities are 0, so they add nothing to any real key's gradient.
-        l_g = lse.index_select(1, g.take).to(acc).masked_fill_(g.pad[None, :], float("inf"))
-        l_g = l_g.view(lse.shape[0], -1, g.length).transpose(0, 1).contiguous()
-        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            _grid(dout, g), _grid(q, g), _grid(k, g), _grid(v, g), _grid(out, g), l_g, 0.0, scale=scale,
-            **_cpu_mode(g.length, g.length, True, limits, q.dtype, q.device))
-        for total, grad in zip((dq, dk, dv), grads):  # the documents do not overlap: one write per token
-            total[g.tokens] = grad.transpose(1, 2)[g.real].to(acc)
+        (qs, qe, ks, ke), single = g.members[0], g.take is None
+        if single:
+            l_g = lse[:, qs:qe].unsqueeze(0).to(acc)
+            mode = _cpu_mode(qe - qs, ke - ks, p.causal, limits, q.dtype, q.device)
+        else:  # padding rows get lse = +inf: probabilities 0, so they add nothing to a real key's gradient
+            l_g = lse.index_select(1, g.take).to(acc).masked_fill_(g.pad[None, :], float("inf"))
+            l_g = l_g.view(lse.shape[0], -1, g.length).transpose(0, 1).contiguous()
+            mode = _cpu_mode(g.length, g.length, True, limits, q.dtype, q.device)
+        gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            _grid(dout, g, False), _grid(q, g, False), _grid(k, g, True), _grid(v, g, True), _grid(out, g, False),
+            l_g, 0.0, scale=scale, **mode)
+        for i, (qs, qe, ks, ke) in enumerate(g.members):
+            ranges.append((qs, qe, ks, ke))
+            grads[0].append(gq[i, :, :qe - qs].transpose(0, 1))
+            grads[1].append(gk[i, :, :ke - ks].transpose(0, 1))
+            grads[2].append(gv[i, :, :ke - ks].transpose(0, 1))
+    if all(r[:2] == r[2:] for r in ranges) and _tiling(ranges, q.shape[0]) is not None:  # one write per token
+        return tuple(_place(ranges, gs, x.shape[0], 0, 0.0, x.dtype) for gs, x in zip(grads, (q, k, v)))
+    totals = [torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v)]
+    for (qs, qe, ks, ke), gq, gk, gv in zip(ranges, *grads):
+        totals[0][qs:qe] += gq
+        totals[1][ks:ke] += gk
+        totals[2][ks:ke] += gv
+    return tuple(t.to(x.dtype) for t, x in zip(totals, (q, k, v)))
 
 
 def _check_limits(causal: bool, window: Optional[int], chunk: Optional[int]) -> tuple:
@@ -241,13 +270,12 @@ def varlen_forward(q, k, v, p, scale: float, softcap: Optional[float] = None, wi
         out, lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, 0.0,
                                                               p.causal, False, scale=scale)
         return out, lse
+    if _use_cpu_kernel(q, softcap):
+        return _cpu_forward(q, k, v, p, scale, limits)
     acc = _acc(q)
     t, h, _ = q.shape
     out = torch.zeros(t, h, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.full((h, t), float("-inf"), dtype=acc, device=q.device)
-    if _use_cpu_kernel(q, softcap):
-        _cpu_forward(q, k, v, p, scale, limits, out, lse)
-        return out, lse
     for qs, qe, ks, ke in _sequences(p):
         s = _scores(q[qs:qe].to(acc), k[ks:ke].to(acc), scale, softcap, p.causal, limits)
         l_i = torch.logsumexp(s, dim=-1)
@@ -266,13 +294,12 @@ def varlen_backward(dout, q, k, v, out, lse, p, scale: float, softcap: Optional[
         rng = torch.zeros(2, dtype=torch.int64, device=q.device)
         return torch.ops.aten._flash_attention_backward(dout, q, k, v, out, lse.float(), p.cu_q, p.cu_k, p.max_q,
                                                         p.max_k, 0.0, p.causal, rng, empty, scale=scale)
+    if _use_cpu_kernel(q, softcap):  # the fused CPU flash backward, given out and lse
+        return _cpu_backward(dout, q, k, v, out, lse, p, scale, limits)
     acc = _acc(q)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=q.device)
     dv = torch.zeros(v.shape, dtype=acc, device=q.device)
-    if _use_cpu_kernel(q, softcap):  # the fused CPU flash backward, given out and lse
-        _cpu_backward(dout, q, k, v, out, lse, p, scale, limits, dq, dk, dv)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
     delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(0, 1)  # [H, T]
     for qs, qe, ks, ke in _sequences(p):
         qi, ki, vi, doi = q[qs:qe].to(acc), k[ks:ke].to(acc), v[ks:ke].to(acc), dout[qs:qe].to(acc)
