@@ -14,6 +14,10 @@ if not hasattr(swift, "get_template"):  # a namespace package from a stray 'swif
 from packkit.integrations.swift import PlannedBatchSamplerShard, PlannedPackingDataset  # noqa: E402
 
 
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+           "<|video_pad|>"]
+
+
 def _tiny_qwen(path):
     """A tiny random Qwen2 and a byte-level Qwen2 tokenizer (no merges: one token per byte), saved offline."""
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
@@ -21,7 +25,7 @@ def _tiny_qwen(path):
 
     vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
     tok = Qwen2Tokenizer(vocab=vocab, merges=[], unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tok.add_special_tokens({"additional_special_tokens": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]})
+    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       tie_word_embeddings=False)
@@ -53,7 +57,7 @@ def setup(tmp_path_factory):
     samples = [{"messages": [{"role": "user", "content": text(rng.integers(1, 40))},
                              {"role": "assistant", "content": text(rng.integers(1, 60))}]} for _ in range(23)]
     encoded = datasets.Dataset.from_list([template.encode(s, return_length=True) for s in samples])
-    return model, template, encoded
+    return model, template, encoded, processor
 
 
 def _on_rank(rank, world):
@@ -82,7 +86,7 @@ def _rel(a, b):
 
 
 def test_packed_steps_through_ms_swift_collator_equal_per_sample_runs(setup):
-    model, template, encoded = setup
+    model, template, encoded, _ = setup
     dataset = PlannedPackingDataset(template, encoded, packing_length=160, dp_size=2, cost=(6.0 * 32, 1.0))
     assert len(dataset) % 2 == 0 and not dataset.dropped_idx
     seen = []
@@ -144,7 +148,7 @@ def test_sampler_refuses_a_plan_for_other_ranks(kwargs, match):
 
 
 def test_install_swaps_sft_datasets_and_the_sampler_only_for_planned_datasets(setup):
-    _, template, encoded = setup
+    _, template, encoded, _ = setup
     from swift.dataloader import BatchSamplerShard
     from swift.pipelines.train import sft
     from swift.trainers import mixin
@@ -174,3 +178,95 @@ def test_install_swaps_sft_datasets_and_the_sampler_only_for_planned_datasets(se
     finally:
         uninstall()
     assert (sft.PackingDataset, sft.IterablePackingDataset, mixin.DataLoaderMixin.get_train_dataloader) == own
+
+
+class _Encoded:
+    """Encoded samples as ms-swift's ``LazyLLMDataset`` serves them: ``ds[i]`` a dict (tensors kept), ``ds["lengths"]``."""
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return [s[key] for s in self.samples]
+        return dict(self.samples[key])
+
+    def __len__(self):
+        return len(self.samples)
+
+
+def test_qwen_vl_rows_through_ms_swift_collator_equal_per_sample_runs(setup):
+    """Qwen2.5-VL samples (images of different grids) packed by the plan and collated by ms-swift's Qwen2.5-VL
+    template (per-sample mRoPE rows from the model's get_rope_index, pixel_values and image_grid_thw concatenated in
+    row order): loss and gradients, vision tower included, equal the samples run one by one (fp64)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    _, _, _, processor = setup
+    tok = processor  # ms-swift's processor of a text model is its tokenizer
+    ids = {s: tok.convert_tokens_to_ids(s) for s in SPECIAL}
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=2, spatial_merge_size=2,
+                           temporal_patch_size=2, out_hidden_size=32, fullatt_block_indexes=[0], window_size=8),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(config).double()
+    # ms-swift's Qwen2.5-VL template (its encode needs qwen_vl_utils -> torchvision, whose PyPI wheels need CUDA
+    # torch; so samples are encoded here in the format its encode returns, and only its collator is exercised).
+    template = swift.get_template(processor, template_type="qwen2_5_vl", default_system="S", max_length=400)
+    template.set_mode("train")
+    template.model = model  # the template reads get_rope_index from its model
+    rng = np.random.default_rng(3)
+
+    def sample(h, w):  # an image of h x w patches (merged 2x2) and a short answer
+        head = tok.encode("<|im_start|>user\n<|vision_start|>", add_special_tokens=False)
+        prompt = head + [ids["<|image_pad|>"]] * (h * w // 4) + tok.encode(
+            "<|vision_end|>" + "ab" * int(rng.integers(0, 4)) + "<|im_end|>\n<|im_start|>assistant\n",
+            add_special_tokens=False)
+        answer = tok.encode("c" * int(rng.integers(1, 9)) + "<|im_end|>", add_special_tokens=False)
+        input_ids = prompt + answer
+        return {"input_ids": input_ids, "labels": [-100] * len(prompt) + answer, "length": len(input_ids),
+                "lengths": [len(input_ids)],
+                "mm_token_type_ids": (torch.tensor(input_ids) == ids["<|image_pad|>"]).long(),
+                "pixel_values": torch.randn(h * w, 3 * 2 * 2 * 2, dtype=torch.float64),
+                "image_grid_thw": torch.tensor([[1, h, w]])}
+
+    grids = [(2, 4), (4, 2), (4, 4), (2, 2), (6, 2), (2, 6), (4, 6)] * 2
+    encoded = _Encoded([sample(h, w) for h, w in grids])
+    dataset = PlannedPackingDataset(template, encoded, packing_length=120, dp_size=2, cost="attention")
+
+    def nll(batch):
+        positions = torch.cat([batch["text_position_ids"][None], batch["position_ids"]])  # [4, 1, T], text row first
+        logits = model(input_ids=batch["input_ids"], pixel_values=batch["pixel_values"],
+                       image_grid_thw=batch["image_grid_thw"], mm_token_type_ids=batch["mm_token_type_ids"],
+                       position_ids=positions, use_cache=False).logits
+        labels = batch["labels"][:, 1:]
+        logp = torch.log_softmax(logits[:, :-1], -1)
+        return -(logp.gather(-1, labels.clamp_min(0)[..., None])[..., 0] * (labels != -100)).sum()
+
+    def loss_and_grads(batch):
+        model.zero_grad()
+        loss = nll(batch)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+    seen, multi = [], 0
+    for rank in range(2):
+        for batch in _on_rank(rank, 2)(len(dataset), 1, True, False, 5, planned_dp_size=2):
+            row = dataset[batch[0]]
+            seen += dataset.packed_idx[batch[0]]
+            multi += len(row) > 1
+            packed = template.data_collator([row])
+            assert packed["image_grid_thw"].shape[0] == len(row)
+            loss, grads = loss_and_grads(packed)
+            ref = [loss_and_grads(template.data_collator([[sample]])) for sample in dataset[batch[0]]]
+            assert _rel(loss, sum(r[0] for r in ref)) <= 1e-9
+            assert max(_rel(g, sum(r[1][k] for r in ref)) for k, g in enumerate(grads)) <= 1e-9
+    assert sorted(seen) == list(range(len(encoded))) and multi >= 2
+    # Control: the same packed row with its patches out of order (pixels not following token order) differs.
+    packed = template.data_collator([dataset[0]])
+    with torch.no_grad():
+        assert _rel(nll(dict(packed, pixel_values=packed["pixel_values"].flip(0))), nll(packed)) > 1e-6

@@ -9,6 +9,7 @@ keeps when it shuffles (it permutes whole steps). So every rank's row of a step 
 """
 from __future__ import annotations
 
+import heapq
 import numbers
 from typing import NamedTuple
 
@@ -70,9 +71,10 @@ def plan_packed_idx(lengths, packing_length: int, *, dp_size: int = 1, cost="att
             default ``"ogbfd"`` when ``dp_size > 1``.
 
     Every row holds at least one sample, so no rank ever receives an empty row: a planned step with more ranks
-    than rows is refilled by moving samples out of its fuller rows; a final step with fewer samples than ranks
-    places its samples into other rows with room, and only a sample that fits nowhere is ``dropped`` (ms-swift's
-    own sampler drops the ``len % world_size`` trailing rows in the same situation). A sample longer than
+    than rows is refilled by moving samples out of its fuller rows, then out of other steps' rows that hold
+    several; only when every row holds one sample does a step short of samples place them into rows with room,
+    and a sample that fits nowhere is ``dropped`` (fewer than ``dp_size`` of them; ms-swift's own sampler drops
+    the ``len % world_size`` trailing rows in the same situation). A sample longer than
     ``packing_length`` is refused (ValueError): ms-swift truncates or drops those at encoding when
     ``packing_length`` >= ``max_length``.
     """
@@ -135,7 +137,23 @@ def _fill_empty_rows(rows: list, lengths: np.ndarray, capacity: int, dp_size: in
             item = max(donor, key=lambda i: lengths[i])  # moving the longest item evens the costs most
             donor.remove(item)
             next(r for r in step if not r).append(item)
-    # Steps that still have an empty row hold fewer samples than ranks: place those samples elsewhere.
+    # Empty rows left: take the smallest sample of a row of another step that has several (it fits: the row is
+    # empty), smallest first, so the costs move least.
+    empties = [k for k, r in enumerate(rows) if not r]
+    if empties:
+        smallest = lengths.__getitem__
+        heap = [(int(lengths[m]), k, m) for k, r in enumerate(rows) if len(r) > 1 for m in (min(r, key=smallest),)]
+        heapq.heapify(heap)
+        for e in empties:
+            if not heap:
+                break
+            _, k, m = heapq.heappop(heap)
+            rows[k].remove(m)
+            rows[e].append(m)
+            if len(rows[k]) > 1:
+                m = min(rows[k], key=smallest)
+                heapq.heappush(heap, (int(lengths[m]), k, m))
+    # Steps that still have an empty row (every row holds one sample): place their samples in rows with room.
     short = [s for s in range(len(rows) // dp_size) if any(not r for r in rows[s * dp_size:(s + 1) * dp_size])]
     orphans = [i for s in short for r in rows[s * dp_size:(s + 1) * dp_size] for i in r]
     for s in reversed(short):
