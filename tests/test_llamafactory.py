@@ -283,3 +283,10 @@ def test_install_through_llamafactorys_run_exp(tmp_path):
     assert torch.equal(seen["first"], torch.tensor(ds[:2]["input_ids"]))  # rows 0 and 1: the plan's order
     losses = [x for x in seen["losses"] if x is not None]
     assert len(losses) == 2 and all(np.isfinite(losses))
+
+
+def test_pack_dataset_nothing_fits():
+    packed, plan = lf.pack_dataset(dataset_of([64, 70]), 63, neat_packing=True, pad_token_id=0)
+    assert len(packed) == 0 and plan.dropped.tolist() == [0, 1]
+    assert set(packed.column_names) == {"input_ids", "attention_mask", "position_ids", "labels", "images", "videos",
+                                        "audios", "packing_params"}

@@ -30,6 +30,11 @@ def __getattr__(name):
     raise ImportError(f"torchaudio.{name}: torchaudio is a stub in this venv (no wheel for CPU torch 2.13)")
 EOF
 "$VENV/bin/pip" install -q --no-build-isolation -e . --config-settings=build-dir=build/llamafactory-{wheel_tag}
+# scikit-build-core's editable .pth also puts the clone's PARENT folder on sys.path; any folder there named like a
+# package becomes an importable namespace package (a /tmp/ray session folder made llamafactory's is_ray_available()
+# true, then `import ray.util` failed). packkit imports without that line; drop it.
+parent=$(cd .. && pwd)
+sed -i "\|^${parent}\$|d" "$site/_editable_skbc_packkit.pth"
 "$VENV/bin/python" -c "import torch, transformers, llamafactory.data.collator, packkit; \
 print('llamafactory venv: torch', torch.__version__, 'transformers', transformers.__version__)"
 echo "llamafactory venv ready in $(( $(date +%s) - start )) s"

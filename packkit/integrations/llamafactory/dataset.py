@@ -64,11 +64,14 @@ def pack_dataset(dataset, cutoff_len: int, *, neat_packing: bool, pad_token_id: 
         out[_MASK] = out.pop("attention_mask")
         return out
 
-    table = datasets.Dataset.from_dict({_ROW: [list(map(int, r)) for r in plan.rows]},
-                                       features=datasets.Features({_ROW: datasets.Sequence(datasets.Value("int64"))}))
-    packed = table.map(build, batched=True, batch_size=batch_size, remove_columns=[_ROW], num_proc=num_proc,
-                       desc="packkit: packing rows")
-    packed = packed.rename_column(_MASK, "attention_mask")
+    if plan.rows:
+        table = datasets.Dataset.from_dict({_ROW: [list(map(int, r)) for r in plan.rows]}, features=datasets.Features(
+            {_ROW: datasets.Sequence(datasets.Value("int64"))}))
+        packed = table.map(build, batched=True, batch_size=batch_size, remove_columns=[_ROW], num_proc=num_proc,
+                           desc="packkit: packing rows").rename_column(_MASK, "attention_mask")
+    else:  # nothing fits (or no examples): no rows, the packed columns (LLaMA-Factory then reports no valid samples)
+        packed = datasets.Dataset.from_dict(build_rows({}, [], cutoff_len=cutoff_len, neat_packing=neat_packing,
+                                                       pad_token_id=int(pad_token_id)))
     packed.info.description = (f"{MARKER}: {len(plan.rows)} rows, dp_size={plan.dp_size}, rows_per_rank="
                                f"{plan.rows_per_rank}, balance={plan.balance:.6f}")
     return packed, plan
