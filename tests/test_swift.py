@@ -270,3 +270,27 @@ def test_qwen_vl_rows_through_ms_swift_collator_equal_per_sample_runs(setup):
     packed = template.data_collator([dataset[0]])
     with torch.no_grad():
         assert _rel(nll(dict(packed, pixel_values=packed["pixel_values"].flip(0))), nll(packed)) > 1e-6
+
+
+def test_iterable_packing_planned_per_buffer(setup):
+    """``--streaming true``: ms-swift's encoding workers feed each buffer; packkit plans it; every sample is yielded
+    once, rows fit, and rows come in whole dispatch groups (dp_size * batch_size) until the last buffer."""
+    from packkit.integrations.swift import PlannedIterablePackingDataset
+
+    _, template, _, _ = setup
+    rng = np.random.default_rng(4)
+    letters = np.array(list("abcdefgh "))
+    raw = [{"messages": [{"role": "user", "content": f"{i} " + "".join(rng.choice(letters, rng.integers(1, 30)))},
+                         {"role": "assistant", "content": "".join(rng.choice(letters, rng.integers(1, 40)))}]}
+           for i in range(40)]
+    dataset = PlannedIterablePackingDataset(template, raw, num_proc=1, packing_interval=16, packing_length=160,
+                                            dp_size=2, batch_size=2, cost="attention")
+    try:
+        rows = list(dataset)
+    finally:
+        for worker in dataset.workers:
+            worker.terminate()
+    assert all(sum(s["length"] for s in row) <= 160 for row in rows)
+    texts = sorted(template.tokenizer.decode(s["input_ids"]) for row in rows for s in row)
+    assert len(texts) == 40 and len(set(texts)) == 40  # every sample exactly once (each text is numbered)
+    assert len(rows) >= 4
