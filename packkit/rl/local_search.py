@@ -1,5 +1,8 @@
 """Cross-step local search for rollout micro-batches: lower ``sum over steps of the costliest rank``.
 
+The reference (numpy) version of the search ``micro_batches`` runs in C++ (``csrc/planner/step_search.cpp``);
+nothing in packkit calls it. ``tests/test_rl_search.py`` checks that the C++ result is a local optimum of it.
+
 The C++ layout deals micro-batches into steps and balances inside each step; what it cannot fix is a step whose
 costliest micro-batch holds an item no partner in the same step can offset. Here an item of a step's costliest
 micro-batch moves (or swaps with a cheaper item) into a micro-batch of *another* step, when that micro-batch has
