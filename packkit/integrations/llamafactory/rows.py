@@ -93,7 +93,8 @@ def _rows_in_rank_order(ep) -> list:
     first = np.cumsum(counts) - counts  # where each row starts in the flat gather
     positions = np.repeat(starts - first, counts) + np.arange(total, dtype=np.int64)
     flat = ep.permutation[plan.segments.seq_index[positions]]
-    return [row for row in np.split(flat, np.cumsum(counts)[:-1]) if len(row)] if total else []
+    ends = (first + counts).tolist()
+    return [flat[a:b] for a, b in zip(first.tolist(), ends) if b > a]  # views; np.split is ~30x slower here
 
 
 def build_rows(examples: dict, rows: list, *, cutoff_len: int, neat_packing: bool, pad_token_id: int) -> dict:
