@@ -1,6 +1,7 @@
 """packkit inside ms-swift 4.6 (runs where ms-swift is importable: .ci/trainers/swift.sh): the planned packing
 dataset read by ms-swift's own template collator on a tiny random Qwen2 (fp64: the packed batch's loss and
 gradients equal the samples run one by one), its rows dealt by the step-shuffling BatchSamplerShard, install()."""
+import os
 import types
 
 import numpy as np
@@ -294,3 +295,24 @@ def test_iterable_packing_planned_per_buffer(setup):
     texts = sorted(template.tokenizer.decode(s["input_ids"]) for row in rows for s in row)
     assert len(texts) == 40 and len(set(texts)) == 40  # every sample exactly once (each text is numbered)
     assert len(rows) >= 4
+
+
+def test_plugin_file_loaded_as_ms_swift_loads_external_plugins(setup, monkeypatch):
+    from swift.pipelines.train import sft
+    from swift.utils import import_external_file
+
+    import packkit.integrations.swift as integration
+    from packkit.integrations.swift import uninstall
+
+    plugin = os.path.join(os.path.dirname(integration.__file__), "plugin.py")  # not imported here: importing installs
+    own = sft.PackingDataset
+    monkeypatch.setenv("PACKKIT_SWIFT_DP_SIZE", "1")
+    monkeypatch.setenv("PACKKIT_SWIFT_COST", "attention")
+    try:
+        import_external_file(plugin)  # what --external_plugins does in every rank
+        _, template, encoded, _ = setup
+        dataset = sft.PackingDataset(template, encoded, packing_length=160)
+        assert isinstance(dataset, PlannedPackingDataset) and dataset.cost == "attention"
+    finally:
+        uninstall()
+    assert sft.PackingDataset is own

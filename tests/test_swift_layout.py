@@ -132,3 +132,19 @@ def test_plan_buffer_dispatch_order_and_carry():
     assert not carry and sorted(s for row in rows for s, _ in row) == sorted(s for s, _ in data)
     with pytest.raises(ValueError, match="longer than packing_length=64"):
         plan_buffer([("x", 65)], 64, True, dp_size=1, batch_size=1, cost="tokens", algorithm="obfd")
+
+
+def test_plugin_options_from_the_environment():
+    from packkit.integrations.swift.patch import options_from_env
+
+    assert options_from_env({}) == {"dp_size": None, "cost": None, "algorithm": None}
+    assert options_from_env({"PACKKIT_SWIFT_DP_SIZE": "4", "PACKKIT_SWIFT_COST": "24576,1",
+                             "PACKKIT_SWIFT_ALGORITHM": "ogbfd"}) == {"dp_size": 4, "cost": (24576.0, 1.0),
+                                                                       "algorithm": "ogbfd"}
+    assert options_from_env({"PACKKIT_SWIFT_COST": "attention"})["cost"] == "attention"
+    for env, match in (({"PACKKIT_SWIFT_DP_SIZE": "0"}, "PACKKIT_SWIFT_DP_SIZE"),
+                       ({"PACKKIT_SWIFT_DP_SIZE": "two"}, "PACKKIT_SWIFT_DP_SIZE"),
+                       ({"PACKKIT_SWIFT_COST": "1,2,3"}, "PACKKIT_SWIFT_COST"),
+                       ({"PACKKIT_SWIFT_ALGORITHM": "binpack"}, "PACKKIT_SWIFT_ALGORITHM")):
+        with pytest.raises(ValueError, match=match):
+            options_from_env(env)

@@ -15,10 +15,33 @@ Load it with ``--external_plugins`` (ms-swift imports those files in every rank 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 _LOCK = threading.Lock()
 _STATE: dict = {}
+
+
+def options_from_env(environ=None) -> dict:
+    """``install``'s keywords from ``PACKKIT_SWIFT_DP_SIZE`` (a positive int), ``PACKKIT_SWIFT_COST``
+    (``attention``, ``tokens`` or ``a,b``) and ``PACKKIT_SWIFT_ALGORITHM`` (``obfd``, ``ogbfd``); unset: None."""
+    environ = os.environ if environ is None else environ
+    dp_size, cost = environ.get("PACKKIT_SWIFT_DP_SIZE"), environ.get("PACKKIT_SWIFT_COST") or None
+    algorithm = environ.get("PACKKIT_SWIFT_ALGORITHM") or None
+    if dp_size is not None:
+        if not dp_size.strip().isdigit() or int(dp_size) < 1:
+            raise ValueError(f"PACKKIT_SWIFT_DP_SIZE must be a positive integer, got {dp_size!r}")
+        dp_size = int(dp_size)
+    if cost is not None and cost not in ("attention", "tokens"):
+        try:
+            a, b = (float(x) for x in cost.split(","))
+        except ValueError:
+            raise ValueError(f"PACKKIT_SWIFT_COST must be 'attention', 'tokens' or two numbers 'a,b', got {cost!r}") \
+                from None
+        cost = (a, b)
+    if algorithm not in (None, "obfd", "ogbfd"):
+        raise ValueError(f"PACKKIT_SWIFT_ALGORITHM must be 'obfd' or 'ogbfd', got {algorithm!r}")
+    return {"dp_size": dp_size, "cost": cost, "algorithm": algorithm}
 
 
 def _sampler_for(dataset):
