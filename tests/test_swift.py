@@ -166,7 +166,8 @@ def test_install_swaps_sft_datasets_and_the_sampler_only_for_planned_datasets(se
                                      dataloader_drop_last=False, train_dataloader_shuffle=True, data_seed=1,
                                      deepspeed=None, group_by_length=False, process_index=0)
         trainer = types.SimpleNamespace(template=types.SimpleNamespace(sequence_parallel_size=1), args=args,
-                                        train_dataset=dataset, _train_batch_size=2, data_collator=template.data_collator,
+                                        train_dataset=dataset, _train_batch_size=2,
+                                        data_collator=template.data_collator,
                                         accelerator=types.SimpleNamespace(device=None),
                                         _maybe_multiprocessing_context=lambda args: {})
         loader = mixin.DataLoaderMixin.get_train_dataloader(trainer)
@@ -182,7 +183,8 @@ def test_install_swaps_sft_datasets_and_the_sampler_only_for_planned_datasets(se
 
 
 class _Encoded:
-    """Encoded samples as ms-swift's ``LazyLLMDataset`` serves them: ``ds[i]`` a dict (tensors kept), ``ds["lengths"]``."""
+    """Encoded samples as ms-swift's ``LazyLLMDataset`` serves them: ``ds[i]`` a dict (tensors kept),
+    ``ds["lengths"]`` the column."""
 
     def __init__(self, samples):
         self.samples = samples
@@ -196,28 +198,43 @@ class _Encoded:
         return len(self.samples)
 
 
-def test_qwen_vl_rows_through_ms_swift_collator_equal_per_sample_runs(setup):
-    """Qwen2.5-VL samples (images of different grids) packed by the plan and collated by ms-swift's Qwen2.5-VL
-    template (per-sample mRoPE rows from the model's get_rope_index, pixel_values and image_grid_thw concatenated in
-    row order): loss and gradients, vision tower included, equal the samples run one by one (fp64)."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+def _tiny_vl(family: str, tok, ids):
+    """A tiny random Qwen2.5-VL or Qwen3-VL (fp64) whose special-token ids are the tokenizer's."""
+    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]})
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=2, spatial_merge_size=2,
+                  temporal_patch_size=2, out_hidden_size=32)
+    tokens = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                  vision_start_token_id=ids["<|vision_start|>"], tie_word_embeddings=False)
+    torch.manual_seed(0)
+    if family == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+        config = Qwen2_5_VLConfig(text_config=text,
+                                  vision_config=dict(vision, fullatt_block_indexes=[0], window_size=8), **tokens)
+        return Qwen2_5_VLForConditionalGeneration(config).double()
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    text["rope_parameters"]["mrope_interleaved"] = True
+    config = Qwen3VLConfig(text_config=text, vision_config=dict(vision, num_position_embeddings=16,
+                                                                deepstack_visual_indexes=[0]), **tokens)
+    return Qwen3VLForConditionalGeneration(config).double()
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_qwen_vl_rows_through_ms_swift_collator_equal_per_sample_runs(setup, family):
+    """Qwen2.5-VL / Qwen3-VL samples (images of different grids) packed by the plan and collated by ms-swift's
+    template of that family (per-sample mRoPE rows from the model's get_rope_index, pixel_values and
+    image_grid_thw concatenated in row order): loss and gradients, vision tower included, equal the samples run one
+    by one (fp64). Seed 001's data is Qwen3-VL's."""
     _, _, _, processor = setup
     tok = processor  # ms-swift's processor of a text model is its tokenizer
     ids = {s: tok.convert_tokens_to_ids(s) for s in SPECIAL}
-    config = Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}),
-        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=2, spatial_merge_size=2,
-                           temporal_patch_size=2, out_hidden_size=32, fullatt_block_indexes=[0], window_size=8),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(config).double()
-    # ms-swift's Qwen2.5-VL template (its encode needs qwen_vl_utils -> torchvision, whose PyPI wheels need CUDA
-    # torch; so samples are encoded here in the format its encode returns, and only its collator is exercised).
-    template = swift.get_template(processor, template_type="qwen2_5_vl", default_system="S", max_length=400)
+    model = _tiny_vl(family, tok, ids)
+    # ms-swift's template of the family. Its Qwen-VL encode needs qwen_vl_utils -> torchvision, whose PyPI wheels need
+    # a CUDA torch; so samples are encoded here in the format its encode returns, and its collator is exercised.
+    template = swift.get_template(processor, template_type=family, default_system="S", max_length=400)
     template.set_mode("train")
     template.model = model  # the template reads get_rope_index from its model
     rng = np.random.default_rng(3)
@@ -252,7 +269,7 @@ def test_qwen_vl_rows_through_ms_swift_collator_equal_per_sample_runs(setup):
         model.zero_grad()
         loss = nll(batch)
         loss.backward()
-        return loss.detach(), [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+        return loss.detach(), [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
 
     seen, multi = [], 0
     for rank in range(2):

@@ -92,14 +92,15 @@ def plan_packed_idx(lengths, packing_length: int, *, dp_size: int = 1, cost="att
     if len(over):
         i = int(over[0])
         raise ValueError(f"{len(over)} samples are longer than packing_length={packing_length} (first: sample {i}, "
-                         f"{int(array[i])} tokens); set packing_length >= max_length so ms-swift's encoding bounds them")
+                         f"{int(array[i])} tokens); set packing_length >= max_length so ms-swift's encoding bounds "
+                         "them")
     # Zero-length samples occupy no tokens; ms-swift keeps them, so they ride in the shortest rows below.
     p = plan(array, packing_length, algorithm=algorithm, dp_size=dp_size, cost=cost)
     seq, offsets = p.segments.seq_index.tolist(), p.segments.bin_offsets.tolist()
     rows = [seq[offsets[k]:offsets[k + 1]] for k in range(p.num_bins)]
     a, b = p.cost_ab if p.cost_ab is not None else (1.0, 0.0)
     dropped = _fill_empty_rows(rows, array, packing_length, dp_size, a, b)
-    for i in p.zero_length.tolist():  # no tokens: each rides in the row with the fewest samples (kept, as ms-swift does)
+    for i in p.zero_length.tolist():  # no tokens: each rides in the row with the fewest samples (ms-swift keeps them)
         if rows:
             min(rows, key=len).append(i)
         else:
@@ -196,7 +197,8 @@ def plan_buffer(data: list, packing_length: int, finished: bool, *, dp_size: int
     out = []
     for g in range(0, whole, group):
         steps = rows[g:g + group]  # planned steps g/dp_size ..., each dp_size rows
-        out += [steps[j * dp_size + r] for r in range(dp_size) for j in range(batch_size) if j * dp_size + r < len(steps)]
+        out += [steps[j * dp_size + r] for r in range(dp_size) for j in range(batch_size)
+                if j * dp_size + r < len(steps)]
     out = [row for row in out if row]
     carry = [item for row in rows[whole:] for item in row]
     return out, carry

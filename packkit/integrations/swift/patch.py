@@ -6,9 +6,9 @@ because the trainer's ``BatchSamplerShard`` shuffles rows. So :func:`install` sw
 
 * ``swift.pipelines.train.sft.PackingDataset`` / ``IterablePackingDataset`` (the names ``swift sft`` builds its
   packed datasets from) -> :class:`PlannedPackingDataset` / :class:`PlannedIterablePackingDataset`;
-* inside ``DataLoaderMixin.get_train_dataloader`` (ms-swift's trainers inherit it), and only while its ``train_dataset`` is a
-  :class:`PlannedPackingDataset`, ``BatchSamplerShard`` -> :class:`PlannedBatchSamplerShard` (shuffles steps, not
-  rows). Any other dataset gets ms-swift's own sampler.
+* inside ``DataLoaderMixin.get_train_dataloader`` (ms-swift's trainers inherit it), and only while its
+  ``train_dataset`` is a :class:`PlannedPackingDataset`, ``BatchSamplerShard`` -> :class:`PlannedBatchSamplerShard`
+  (shuffles steps, not rows). Any other dataset gets ms-swift's own sampler.
 
 Load it with ``--external_plugins`` (ms-swift imports those files in every rank before building datasets).
 """
