@@ -168,7 +168,7 @@ std::vector<int64_t> costliest_first(const int64_t* lengths, const double* costs
 
 MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity,
                                   int64_t dp, int64_t K, bool equal_count, int refine_rounds, int64_t search_rounds,
-                                  double search_above) {
+                                  double search_above, double goal_margin) {
   if (n < 0 || capacity < 1 || dp < 1 || K < 1) throw std::invalid_argument("rl_micro_batches: bad arguments");
   if (equal_count && n % dp) throw std::invalid_argument("rl_micro_batches: equal_count needs n % dp == 0");
   for (int64_t i = 0; i < n; ++i)
@@ -251,11 +251,19 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
   // Where a long item holds a step's maximum that no partner in its step can offset: the cross-step search, then
   // (without equal_count) the micro-batches dealt into steps again by cost, and the in-step search again on the
   // steps that changed, until a cross-step pass finds nothing or the search_rounds budget is spent.
-  if (search_rounds > 0 && step_balance(grid) > search_above) {
+  // The search stops at the goal max(search_above, bound + goal_margin) where the certified bound is known.
+  out.bound = goal_margin >= 0 ? step_balance_bound(lengths, costs, n, capacity, dp, K)
+                               : std::numeric_limits<double>::quiet_NaN();
+  out.goal = std::isnan(out.bound) ? search_above : std::max(search_above, out.bound + goal_margin);
+  double total = 0;
+  for (double c : grid.load) total += c;
+  const double goal_sum = out.goal * total / static_cast<double>(dp);
+  if (search_rounds > 0 && step_balance(grid) > out.goal) {
     std::vector<char> changed;
     int64_t left = search_rounds;
-    while (left > 0) {  // every pass makes >= 1 change: at most search_rounds passes; ends on a pass that finds none
-      const int64_t made = search_across_steps(grid, lengths, costs, capacity, ord, !equal_count, left, changed);
+    while (left > 0 && step_balance(grid) > out.goal) {  // every pass makes >= 1 change; ends on a pass finding none
+      const int64_t made =
+          search_across_steps(grid, lengths, costs, capacity, ord, !equal_count, left, changed, goal_sum);
       if (made == 0) break;
       left -= made;
       if (!equal_count) {  // the searched micro-batches dealt into steps again by cost (the best grouping of them)

@@ -12,6 +12,8 @@ struct MicroBatchLayout {
   std::vector<int64_t> offsets;   // dp * K + 1 offsets into order
   std::vector<int64_t> tokens;    // dp * K tokens per micro-batch (rank-major)
   std::vector<double> costs;      // dp * K cost per micro-batch (rank-major)
+  double bound = 0;               // certified lower bound on the balance at this K (NaN: unknown or not asked)
+  double goal = 1;                // the balance where the cross-step search stops
 };
 
 // lengths[i] <= capacity and costs[i] >= 0 (finite) for every item; K >= 1, dp >= 1.
@@ -30,9 +32,12 @@ struct MicroBatchLayout {
 // each pass followed (without equal_count) by dealing the micro-batches into steps again by cost and by the in-step
 // search on the steps that changed; it ends on a cross-step pass that finds no improving change (or the budget).
 // search_rounds = 0: no cross-step search. Every step of it lowers sum over steps of the costliest micro-batch.
+// goal_margin >= 0: where every cost is a*l + b*l^2 (a, b >= 0), the search's goal is max(search_above, certified
+// bound at K + goal_margin) instead of search_above: it runs only while the balance is above the goal and stops as
+// soon as it reaches it (not at a local optimum). bound / goal are reported.
 // O(n log(K*dp)) plus the bounded local searches.
 MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity,
                                   int64_t dp, int64_t K, bool equal_count, int refine_rounds = 256,
-                                  int64_t search_rounds = 0, double search_above = 1.0);
+                                  int64_t search_rounds = 0, double search_above = 1.0, double goal_margin = -1.0);
 
 }  // namespace packkit

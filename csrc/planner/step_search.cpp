@@ -1,6 +1,8 @@
 #include "step_search.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <cstddef>
 #include <limits>
 
@@ -43,7 +45,7 @@ double step_balance(const StepGrid& g) {
 
 int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* costs, int64_t capacity,
                             const std::vector<int64_t>& by_cost, bool moves, int64_t max_rounds,
-                            std::vector<char>& changed) {
+                            std::vector<char>& changed, double goal_sum) {
   const size_t dp = static_cast<size_t>(g.dp);
   const size_t B = g.load.size();
   const size_t K = dp ? B / dp : 0;
@@ -68,13 +70,17 @@ int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* c
   auto before = [&](int64_t a, int64_t b) { return rank[static_cast<size_t>(a)] < rank[static_cast<size_t>(b)]; };
   StepTops tops{std::vector<int64_t>(K), std::vector<double>(K), std::vector<double>(K)};
   std::vector<double> widest(K);  // the step's largest slack: its maximum minus its cheapest micro-batch
+  double sum_max = 0;  // sum of the step maxima, kept with them (the goal test)
   auto update_step = [&](size_t t) {
+    sum_max -= tops.first[t];
     tops.update(g, t);
+    sum_max += tops.first[t];
     double low = g.load[t * dp];
     for (size_t m = t * dp + 1; m < (t + 1) * dp; ++m) low = std::min(low, g.load[m]);
     widest[t] = tops.first[t] - low;
   };
   for (size_t t = 0; t < K; ++t) update_step(t);
+  if (sum_max <= goal_sum) return 0;
   std::vector<size_t> order;
   order.reserve(K);
 
@@ -187,10 +193,91 @@ int64_t search_across_steps(StepGrid& g, const int64_t* lengths, const double* c
       put(target, item);
       ++made;
       for (size_t t : {src / dp, target / dp}) update_step(t), changed[t] = 1, changed_at[t] = made;
+      if (sum_max <= goal_sum) return made;
     }
     if (made == made_before) break;
   }
   return made;
+}
+
+// Costs a*l + b*l^2 fitted from the shortest and the longest item with a length, then checked on every item.
+static bool quadratic_cost(const int64_t* lengths, const double* costs, int64_t n, double& a, double& b) {
+  int64_t lo = -1, hi = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (lengths[i] <= 0) continue;
+    if (lo < 0 || lengths[i] < lengths[lo]) lo = i;
+    if (hi < 0 || lengths[i] > lengths[hi]) hi = i;
+  }
+  if (lo < 0) return false;
+  const double l1 = static_cast<double>(lengths[lo]), l2 = static_cast<double>(lengths[hi]);
+  b = l2 > l1 ? (costs[hi] / l2 - costs[lo] / l1) / (l2 - l1) : 0.0;
+  a = costs[lo] / l1 - b * l1;
+  const double tol = 1e-9;
+  if (a < -tol * std::fabs(costs[lo] / l1)) a = 0;  // rounding of an exact zero
+  if (b < -tol * std::fabs(costs[hi] / (l2 * l2))) b = 0;
+  if (a < 0 || b < 0 || a + b <= 0) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    const double l = static_cast<double>(lengths[i]), c = a * l + b * l * l;
+    if (std::fabs(c - costs[i]) > tol * std::max(c, costs[i])) return false;  // zero length: cost 0 only
+  }
+  return true;
+}
+
+double step_balance_bound(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity, int64_t dp,
+                          int64_t K) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  double a = 0, b = 0;
+  if (dp <= 1 || K <= 0 || !quadratic_cost(lengths, costs, n, a, b)) return nan;
+  auto cost = [&](double x) { return a * x + b * x * x; };
+  const double cap = static_cast<double>(capacity);
+  double total = 0, longest_small = 0, longest = 0;
+  std::vector<double> big;  // items longer than capacity / 2: never two in one micro-batch
+  for (int64_t i = 0; i < n; ++i) {
+    if (lengths[i] <= 0) continue;
+    const double l = static_cast<double>(lengths[i]);
+    total += cost(l), longest = std::max(longest, l);
+    if (2 * lengths[i] > capacity) big.push_back(l);
+    else longest_small = std::max(longest_small, l);
+  }
+  const size_t rows = static_cast<size_t>(K * dp), udp = static_cast<size_t>(dp), uK = static_cast<size_t>(K);
+  if (total <= 0 || big.size() > rows) return nan;
+  std::sort(big.begin(), big.end(), std::greater<double>());
+  double small_cap = 0;  // the costliest micro-batch without a big item: q longest small items + the rest
+  if (longest_small > 0) {
+    const double q = std::floor(cap / longest_small);
+    small_cap = q * cost(longest_small) + cost(cap - q * longest_small);
+  }
+  std::vector<double> caps(rows, small_cap);  // per-micro-batch cost caps, descending, K groups of dp
+  for (size_t j = 0; j < big.size(); ++j) caps[j] = cost(big[j]) + cost(cap - big[j]);
+  std::sort(caps.begin(), caps.end(), std::greater<double>());
+  std::vector<double> leader(uK, 0.0);
+  for (size_t k = 0; k * udp < big.size(); ++k) leader[k] = cost(big[k * udp]);
+  if (big.empty()) leader[0] = cost(longest);
+  double covered = 0, bound = 0;
+  for (size_t k = 0; k < uK; ++k) {
+    bound += leader[k];
+    for (size_t r = 0; r < udp; ++r) covered += std::min(caps[k * udp + r], leader[k]);
+  }
+  double need = total - covered;
+  if (need > 0) {  // raise leaders on the steepest segments first (slope r + 1 for row r of a group)
+    double acc = 0, widths = 0;
+    bool met = false;
+    for (size_t r = udp; r-- > 0 && !met;) {
+      for (size_t k = 0; k < uK; ++k) {
+        const double below = r + 1 < udp ? caps[k * udp + r + 1] : -std::numeric_limits<double>::infinity();
+        const double w = std::max(0.0, caps[k * udp + r] - std::max(below, leader[k]));
+        const double slope = static_cast<double>(r + 1);
+        if (acc + w * slope >= need) {
+          bound += widths + (need - acc) / slope;
+          met = true;
+          break;
+        }
+        acc += w * slope, widths += w;
+      }
+    }
+    if (!met) return nan;  // the items do not fit in K steps
+  }
+  return std::max(1.0, bound / (total / static_cast<double>(dp)) * (1 - 1e-12));
 }
 
 }  // namespace packkit

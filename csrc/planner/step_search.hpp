@@ -26,10 +26,12 @@ struct StepGrid {
 // (ties in a fixed order); each step's items are kept in that order, so swap partners are found per step by a
 // binary search and a window bounded by the step's largest slack. A step scanned without result is rescanned only
 // against the steps changed since. Deterministic.
+// Stops early once the sum of step maxima is <= goal_sum (a goal derived from the certified bound: see
+// step_goal; going on to a local optimum would cost many more changes for a gain below the bound's margin).
 // Marks changed[s] for every step it changed; returns the number of changes made.
 int64_t search_across_steps(StepGrid& grid, const int64_t* lengths, const double* costs, int64_t capacity,
                             const std::vector<int64_t>& by_cost, bool moves, int64_t max_rounds,
-                            std::vector<char>& changed);
+                            std::vector<char>& changed, double goal_sum = -1.0);
 
 // Local search inside step s: moves (if allowed) or swaps from its costliest micro-batch to its cheapest ones (up to
 // 8 tried) while that lowers the step's maximum and keeps both within `capacity`; at most `rounds` changes.
@@ -38,5 +40,12 @@ void search_in_step(StepGrid& grid, size_t s, const int64_t* lengths, const doub
 
 // sum over steps of the costliest micro-batch / sum over steps of the mean (1 when the grid holds no cost).
 double step_balance(const StepGrid& grid);
+
+// The certified lower bound on the per-step balance of any layout of these items into K steps of dp micro-batches of
+// `capacity` tokens, when every cost is a*l + b*l^2 (a, b >= 0; found from the items, to rel 1e-9): the C++ port of
+// packkit/planning/balance_bound.py (same relaxation, same numbers). NaN when the costs are not of that form (a
+// callable cost, random costs) or nothing bounds them.
+double step_balance_bound(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity, int64_t dp,
+                          int64_t K);
 
 }  // namespace packkit

@@ -33,6 +33,11 @@ MAX_MICRO_BATCHES = 1 << 20
 # changes per layout.
 SEARCH_ABOVE = 1.002
 SEARCH_ROUNDS = 800
+# Where every cost is a*l + b*l**2 (verl's workload, "tokens", (a, b), transformer_cost), the search stops as soon
+# as the balance is within SEARCH_MARGIN of the certified lower bound at that K (planning/balance_bound.py, ported to
+# C++), or at SEARCH_ABOVE if that is higher, instead of running to a local optimum: on heavy tails the last few
+# hundred changes gain less than the margin and cost most of the time.
+SEARCH_MARGIN = 0.001
 
 
 class MicroBatches:
@@ -243,14 +248,14 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
     k = rounded(-(-token_bound // dp_size))
     best = None
     for attempt in (k, rounded(k + 1)):
-        made = _cpp_layout(lengths, costs, max_tokens, dp_size, attempt, equal_count, token_bound)
+        made, goal = _cpp_layout(lengths, costs, max_tokens, dp_size, attempt, equal_count, token_bound)
         if made is None:
             continue
         if best is None or made.balance < best.balance:
             best = made
-        # Still above the threshold at the bound K: K + 1 micro-batches per rank (within the promised bound + 1)
+        # Still above the search's goal at the bound K: K + 1 micro-batches per rank (within the promised bound + 1)
         # can give the search the room a long rollout needs (heavy tails: 1.0223 -> 1.0106 on one such batch).
-        if best.balance <= SEARCH_ABOVE or attempt != k or min_micro_batches is not None or divisor != 1:
+        if best.balance <= goal or attempt != k or min_micro_batches is not None or divisor != 1:
             break
     if best is not None:
         return best
@@ -288,12 +293,12 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
 
 
 def _cpp_layout(lengths, costs, max_tokens, dp_size, k, equal_count, token_bound):
-    """The C++ layout with ``k`` micro-batches per rank (``csrc/planner/micro_batches.hpp``), or None if some
-    sequence fits in none of them."""
+    """``(the C++ layout with k micro-batches per rank, the balance its search aimed at)``
+    (``csrc/planner/micro_batches.hpp``), or ``(None, None)`` if some sequence fits in none of them."""
     out = _planner.rl_micro_batches(lengths, costs, max_tokens, dp_size, k, equal_count, search_rounds=SEARCH_ROUNDS,
-                                    search_above=SEARCH_ABOVE)
+                                    search_above=SEARCH_ABOVE, goal_margin=SEARCH_MARGIN)
     if out is None:
-        return None
+        return None, None
     order, offsets = out["order"], out["offsets"]
     bounds = offsets.tolist()
     pieces = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]  # micro-batch r * k + s
@@ -301,7 +306,8 @@ def _cpp_layout(lengths, costs, max_tokens, dp_size, k, equal_count, token_bound
     tokens = out["tokens"].reshape(dp_size, k).T
     step_costs = out["costs"].reshape(dp_size, k).T
     empty = int(np.count_nonzero(offsets[1:] == offsets[:-1]))
-    return MicroBatches(indices, lengths, costs, max_tokens, dp_size, token_bound, "cpp", tokens, step_costs, empty)
+    return (MicroBatches(indices, lengths, costs, max_tokens, dp_size, token_bound, "cpp", tokens, step_costs, empty),
+            out["goal"])
 
 
 def _rank_lpt(order, lengths, costs, max_tokens, dp_size, token_bound, rounded):
