@@ -6,7 +6,8 @@ output in ``non_tensor_batch["multi_modal_inputs"]`` (a dict per row: ``pixel_va
 Here the mRoPE rows are gathered on the device from the rows each packed token comes from (the group's first row
 for the prompt, each row for its response): no host read of tokens or positions. The group's first row supplies
 the pixels; that every other row of the uid holds the same pixels is checked on the device (``info.status`` bit 8,
-no sync); shapes and keys, which are host metadata, are checked at once.
+no sync); shapes and keys, which are host metadata, are checked at once. The report's visual-token counts read
+the grids, which verl keeps on the host (a GPU grid tensor there would be read back once).
 """
 from __future__ import annotations
 
