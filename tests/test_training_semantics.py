@@ -16,7 +16,8 @@ Tolerances:
   the packed ones 0.8x-1.25x of that; packing that leaks across documents is ~50x off (the control).
 On a CPU machine the GPU cases skip with the ``[gpu-required]`` tag (they fail under
 ``PACKKIT_REQUIRE_GPU=1``). FlexAttention has no backward on the CPU, so there its loss alone is checked;
-varlen attention is CUDA-only, so on the CPU its wiring is checked with a per-document SDPA kernel.
+varlen attention's CPU kernel (packkit's per-document attention) is replaced here by a per-document SDPA
+reference, so these check the wiring (tests/test_varlen_cpu.py checks the kernel itself).
 """
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def test_varlen_attention_wiring_on_cpu(layout, monkeypatch):
     """The model hands the batch's cu_seq_lens / max_length to packkit's attention function, which cuts
     the [B, H, S, D] tensors into documents correctly: exact fp32 semantics with a reference kernel."""
     from packkit.training import hf_attention
-    monkeypatch.setattr(hf_attention, "_varlen_kernel", lambda: per_document_sdpa)
+    monkeypatch.setattr(hf_attention, "_cpu_kernel", lambda *a, **limits: per_document_sdpa(*a))
     name = packkit.register_varlen_attention()
     check(*packed_run(name, "cpu", torch.float32, layout), "cpu", torch.float32)
 
@@ -171,7 +172,7 @@ def test_varlen_wiring_check_can_fail(monkeypatch):
     def one_stream(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
         return per_document_sdpa(q, k, v, torch.tensor([0, q.shape[0]], dtype=torch.int32),
                                  torch.tensor([0, q.shape[0]], dtype=torch.int32), q.shape[0], q.shape[0], scale, causal)
-    monkeypatch.setattr(hf_attention, "_varlen_kernel", lambda: one_stream)
+    monkeypatch.setattr(hf_attention, "_cpu_kernel", lambda *a, **limits: one_stream(*a))
     name = packkit.register_varlen_attention()
     with pytest.raises(AssertionError):
         check(*packed_run(name, "cpu", torch.float32, "flat"), "cpu", torch.float32)
@@ -190,9 +191,9 @@ def test_varlen_attention_refuses_what_it_cannot_do():
         hf_attention.varlen_attention_forward(module, q, kv, kv, torch.ones(1, 6), cu_seq_lens_q=cu, max_length_q=6)
     with pytest.raises(ValueError, match="dropout"):
         hf_attention.varlen_attention_forward(module, q, kv, kv, None, dropout=0.1, cu_seq_lens_q=cu, max_length_q=6)
-    if HAS_VARLEN:
-        with pytest.raises(ValueError, match="CUDA tensors only"):
-            hf_attention.varlen_attention_forward(module, q, kv, kv, None, cu_seq_lens_q=cu, max_length_q=6)
+    with pytest.raises(ValueError, match="tensors on meta is refused"):  # CPU and CUDA only
+        hf_attention.varlen_attention_forward(module, q.to("meta"), kv.to("meta"), kv.to("meta"), None,
+                                              cu_seq_lens_q=cu, max_length_q=6)
 
 
 @pytest.mark.parametrize("device", DEVICES)
