@@ -290,7 +290,7 @@ def main(argv=None) -> int:
                              "epoch's wall time estimated from it (tokens forwarded and padding stay exact)")
     parser.add_argument("--feedings", default=",".join(FEEDINGS))
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (default 1: on the shared 2-core VM two threads ran 10-40x slower)")
+                        help="torch threads (default 1: on the loaded shared 2-core VM two threads ran 8-50x slower)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.threads:
