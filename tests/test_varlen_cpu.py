@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import packkit
 from packkit.shared_prefix.attention import two_pass
 from packkit.training import doc_attention as da
+from packkit.training import doc_attention_cpu as dac
 from packkit.training import hf_attention
 
 transformers = pytest.importorskip("transformers")
@@ -97,8 +98,8 @@ def test_doc_attention_equals_dense_reference_fp64(lengths, seed, causal, window
     short enough), else one call per document."""
     if not causal:
         window = chunk = None  # defined for causal layers only (refused otherwise: below)
-    with mock.patch.object(da, "_SMALL", da._SMALL if grouped else 0), \
-            mock.patch.object(da, "_SLACK", da._SLACK if grouped else -1.0):
+    with mock.patch.object(dac, "_SMALL", dac._SMALL if grouped else 0), \
+            mock.patch.object(dac, "_SLACK", dac._SLACK if grouped else -1.0):
         assert _compare(lengths, seed, causal, window, chunk, softcap, sink) <= 1e-12
 
 
@@ -185,14 +186,14 @@ def test_the_kernel_sees_only_documents():
 
 @given(lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=40))
 def test_group_lengths_bounds_the_padded_work(lengths):
-    groups = da.group_lengths(lengths)
+    groups = dac.group_lengths(lengths)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     for g in groups:
         top = max(lengths[i] for i in g)
         assert lengths[g[0]] == top
         useful = sum(lengths[i] ** 2 for i in g)
-        assert len(g) * top ** 2 <= (1 + da._SLACK) * useful + da._SMALL
-    assert len(da.group_lengths([64] * 30)) == 1 and len(da.group_lengths([2048, 1024])) == 2
+        assert len(g) * top ** 2 <= (1 + dac._SLACK) * useful + dac._SMALL
+    assert len(dac.group_lengths([64] * 30)) == 1 and len(dac.group_lengths([2048, 1024])) == 2
 
 
 # --- through HF models ------------------------------------------------------------------------------------------
