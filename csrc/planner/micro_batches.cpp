@@ -164,27 +164,17 @@ std::vector<int64_t> costliest_first(const int64_t* lengths, const double* costs
   return ord;
 }
 
-}  // namespace
-
-MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity,
-                                  int64_t dp, int64_t K, bool equal_count, int refine_rounds, int64_t search_rounds,
-                                  double search_above, double goal_margin) {
-  if (n < 0 || capacity < 1 || dp < 1 || K < 1) throw std::invalid_argument("rl_micro_batches: bad arguments");
-  if (equal_count && n % dp) throw std::invalid_argument("rl_micro_batches: equal_count needs n % dp == 0");
-  for (int64_t i = 0; i < n; ++i)
-    if (lengths[i] < 0 || lengths[i] > capacity || !(costs[i] >= 0) || !std::isfinite(costs[i]))
-      throw std::invalid_argument("rl_micro_batches: lengths must be in [0, capacity] and costs finite and >= 0");
-  MicroBatchLayout out;
+// The layout at K (steps dealt, in-step search done) into out_grid; false if some item fits in no micro-batch.
+bool initial_grid(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity, int64_t dp, int64_t K,
+                  bool equal_count, int refine_rounds, const std::vector<int64_t>& ord, StepGrid& out_grid) {
   const size_t B = static_cast<size_t>(K * dp);
   const size_t un = static_cast<size_t>(n);
-  // Costliest first, ties by length (longer first) then index.
-  std::vector<int64_t> ord = costliest_first(lengths, costs, un);
   std::vector<int64_t> bin_of(un);
   std::vector<int64_t> slot_of(un);  // step * dp + rank
   std::vector<double> load;
   std::vector<int64_t> room;
   if (!equal_count) {
-    if (!pack_any(ord, lengths, costs, capacity, B, bin_of, load, room)) return out;
+    if (!pack_any(ord, lengths, costs, capacity, B, bin_of, load, room)) return false;
     // micro-batches by cost, dp consecutive ones per step
     std::vector<size_t> bins(B);
     std::iota(bins.begin(), bins.end(), size_t{0});
@@ -217,7 +207,7 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
     std::vector<size_t> bins(static_cast<size_t>(K));
     std::vector<int64_t> step_of(static_cast<size_t>(K));
     for (size_t r = 0; r < udp; ++r) {  // each rank's items into K micro-batches; step k = its k-th costliest
-      if (!pack_any(ranks[r], lengths, costs, capacity, static_cast<size_t>(K), bin_of, load, room)) return out;
+      if (!pack_any(ranks[r], lengths, costs, capacity, static_cast<size_t>(K), bin_of, load, room)) return false;
       std::iota(bins.begin(), bins.end(), size_t{0});
       std::stable_sort(bins.begin(), bins.end(), [&](size_t a, size_t b) { return load[a] > load[b]; });
       for (size_t j = 0; j < bins.size(); ++j) step_of[bins[j]] = static_cast<int64_t>(j);
@@ -226,7 +216,6 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
   }
   // The grid of steps (micro-batch m = step * dp + rank; items costliest first inside one), then the local search
   // inside each step.
-  const size_t udp = static_cast<size_t>(dp);
   auto refine = [&](StepGrid& grid, size_t s) {
     search_in_step(grid, s, lengths, costs, capacity, !equal_count, refine_rounds);
   };
@@ -247,21 +236,27 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
     for (size_t st = 0; st < static_cast<size_t>(K); ++st) refine(grid, st);
     return grid;
   };
-  StepGrid grid = make_grid(slot_of);
-  // Where a long item holds a step's maximum that no partner in its step can offset: the cross-step search, then
-  // (without equal_count) the micro-batches dealt into steps again by cost, and the in-step search again on the
-  // steps that changed, until a cross-step pass finds nothing or the search_rounds budget is spent.
-  // The search stops at the goal max(search_above, bound + goal_margin) where the certified bound is known.
-  out.bound = goal_margin >= 0 ? step_balance_bound(lengths, costs, n, capacity, dp, K)
-                               : std::numeric_limits<double>::quiet_NaN();
-  out.goal = std::isnan(out.bound) ? search_above : std::max(search_above, out.bound + goal_margin);
+  out_grid = make_grid(slot_of);
+  return true;
+}
+
+// Where a long item holds a step's maximum that no partner in its step can offset: the cross-step search, then
+// (without equal_count) the micro-batches dealt into steps again by cost, and the in-step search again on the
+// steps that changed, until a cross-step pass finds nothing or the search_rounds budget is spent.
+void search_grid(StepGrid& grid, const int64_t* lengths, const double* costs, int64_t capacity, int64_t dp, int64_t K,
+                 bool equal_count, int refine_rounds, int64_t search_rounds, double goal,
+                 const std::vector<int64_t>& ord) {
+  const size_t B = static_cast<size_t>(K * dp), udp = static_cast<size_t>(dp);
+  auto refine = [&](StepGrid& g, size_t s) {
+    search_in_step(g, s, lengths, costs, capacity, !equal_count, refine_rounds);
+  };
   double total = 0;
   for (double c : grid.load) total += c;
-  const double goal_sum = out.goal * total / static_cast<double>(dp);
-  if (search_rounds > 0 && step_balance(grid) > out.goal) {
+  const double goal_sum = goal * total / static_cast<double>(dp);
+  if (search_rounds > 0 && step_balance(grid) > goal) {
     std::vector<char> changed;
     int64_t left = search_rounds;
-    while (left > 0 && step_balance(grid) > out.goal) {  // every pass makes >= 1 change; ends on a pass finding none
+    while (left > 0 && step_balance(grid) > goal) {  // every pass makes >= 1 change; ends on a pass finding none
       const int64_t made =
           search_across_steps(grid, lengths, costs, capacity, ord, !equal_count, left, changed, goal_sum);
       if (made == 0) break;
@@ -283,11 +278,18 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
         if (changed[s]) refine(grid, s);
     }
   }
+}
+
+// The grid as the layout's output (rank-major micro-batches r * K + s).
+MicroBatchLayout emit(const StepGrid& grid, const int64_t* lengths, const double* costs, int64_t n, int64_t dp,
+                      int64_t K) {
+  MicroBatchLayout out;
+  const size_t B = static_cast<size_t>(K * dp), udp = static_cast<size_t>(dp), un = static_cast<size_t>(n);
+  std::vector<int64_t> final_of(un);
   // final micro-batch (rank-major r * K + s) of each item; sums recomputed (the searches update them incrementally)
   out.offsets.assign(B + 1, 0);
   out.tokens.assign(B, 0);
   out.costs.assign(B, 0.0);
-  std::vector<int64_t>& final_of = bin_of;  // reused
   for (size_t s = 0; s < static_cast<size_t>(K); ++s) {
     for (size_t r = 0; r < udp; ++r) {
       const size_t mb = r * static_cast<size_t>(K) + s;
@@ -307,6 +309,54 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
       out.order[static_cast<size_t>(next[static_cast<size_t>(final_of[i])]++)] = static_cast<int64_t>(i);
   }
   out.feasible = true;
+  return out;
+}
+
+}  // namespace
+
+MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity,
+                                  int64_t dp, int64_t K, bool equal_count, int refine_rounds, int64_t search_rounds,
+                                  double search_above, double goal_margin, bool try_next) {
+  if (n < 0 || capacity < 1 || dp < 1 || K < 1) throw std::invalid_argument("rl_micro_batches: bad arguments");
+  if (equal_count && n % dp) throw std::invalid_argument("rl_micro_batches: equal_count needs n % dp == 0");
+  for (int64_t i = 0; i < n; ++i)
+    if (lengths[i] < 0 || lengths[i] > capacity || !(costs[i] >= 0) || !std::isfinite(costs[i]))
+      throw std::invalid_argument("rl_micro_batches: lengths must be in [0, capacity] and costs finite and >= 0");
+  // Costliest first, ties by length (longer first) then index.
+  const std::vector<int64_t> ord = costliest_first(lengths, costs, static_cast<size_t>(n));
+  struct Try {
+    int64_t K;
+    StepGrid grid;
+    double bound, goal, balance;
+  };
+  std::vector<Try> tries;
+  for (int64_t k = K; k <= K + (try_next ? 1 : 0); ++k) {
+    if (!tries.empty() && tries[0].balance <= tries[0].goal) break;  // K needs no search: K + 1 is not laid out
+    Try t{k, StepGrid{}, std::numeric_limits<double>::quiet_NaN(), search_above, 1.0};
+    if (!initial_grid(lengths, costs, n, capacity, dp, k, equal_count, refine_rounds, ord, t.grid)) continue;
+    // The search stops at the goal max(search_above, bound + goal_margin) where the certified bound is known.
+    if (goal_margin >= 0) t.bound = step_balance_bound(lengths, costs, n, capacity, dp, k);
+    if (!std::isnan(t.bound)) t.goal = std::max(search_above, t.bound + goal_margin);
+    t.balance = step_balance(t.grid);
+    tries.push_back(std::move(t));
+  }
+  if (tries.empty()) return MicroBatchLayout{};
+  // The layout that starts better is searched first (where K misses its goal, K + 1 usually starts lower: no search
+  // budget is spent on a hopeless K); the other only if the first misses its goal. The best balance is kept (ties:
+  // fewer micro-batches).
+  std::stable_sort(tries.begin(), tries.end(), [](const Try& a, const Try& b) { return a.balance < b.balance; });
+  for (Try& t : tries) {
+    if (search_rounds > 0 && t.balance > t.goal) {
+      search_grid(t.grid, lengths, costs, capacity, dp, t.K, equal_count, refine_rounds, search_rounds, t.goal, ord);
+      t.balance = step_balance(t.grid);
+    }
+    if (t.balance <= t.goal) break;
+  }
+  const Try* best = &tries[0];
+  for (const Try& t : tries)
+    if (t.balance < best->balance || (t.balance == best->balance && t.K < best->K)) best = &t;
+  MicroBatchLayout out = emit(best->grid, lengths, costs, n, dp, best->K);
+  out.num_micro_batches = best->K, out.bound = best->bound, out.goal = best->goal;
   return out;
 }
 

@@ -12,6 +12,7 @@ struct MicroBatchLayout {
   std::vector<int64_t> offsets;   // dp * K + 1 offsets into order
   std::vector<int64_t> tokens;    // dp * K tokens per micro-batch (rank-major)
   std::vector<double> costs;      // dp * K cost per micro-batch (rank-major)
+  int64_t num_micro_batches = 0;  // K, or K + 1 (try_next)
   double bound = 0;               // certified lower bound on the balance at this K (NaN: unknown or not asked)
   double goal = 1;                // the balance where the cross-step search stops
 };
@@ -35,9 +36,13 @@ struct MicroBatchLayout {
 // goal_margin >= 0: where every cost is a*l + b*l^2 (a, b >= 0), the search's goal is max(search_above, certified
 // bound at K + goal_margin) instead of search_above: it runs only while the balance is above the goal and stops as
 // soon as it reaches it (not at a local optimum). bound / goal are reported.
+// try_next: K + 1 micro-batches per rank are laid out too; the layout with the lower balance before the search is
+// searched first, the other only if the first misses its goal; the better result is returned (num_micro_batches).
+// Not feasible only if neither K nor K + 1 is.
 // O(n log(K*dp)) plus the bounded local searches.
 MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, int64_t n, int64_t capacity,
                                   int64_t dp, int64_t K, bool equal_count, int refine_rounds = 256,
-                                  int64_t search_rounds = 0, double search_above = 1.0, double goal_margin = -1.0);
+                                  int64_t search_rounds = 0, double search_above = 1.0, double goal_margin = -1.0,
+                                  bool try_next = false);
 
 }  // namespace packkit

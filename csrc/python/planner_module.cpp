@@ -73,7 +73,7 @@ py::dict plan(py::array_t<int64_t, py::array::c_style> lengths, int64_t capacity
 py::object rl_micro_batches(py::array_t<int64_t, py::array::c_style> lengths,
                             py::array_t<double, py::array::c_style> costs, int64_t capacity, int64_t dp_size,
                             int64_t num_micro_batches, bool equal_count, int refine_rounds, int64_t search_rounds,
-                            double search_above, double goal_margin) {
+                            double search_above, double goal_margin, bool try_next) {
   if (lengths.ndim() != 1 || costs.ndim() != 1 || lengths.shape(0) != costs.shape(0))
     throw packkit::InvalidInput("lengths and costs must be 1-D and of the same size");
   if (refine_rounds < 0 || search_rounds < 0)
@@ -83,7 +83,7 @@ py::object rl_micro_batches(py::array_t<int64_t, py::array::c_style> lengths,
     py::gil_scoped_release no_gil;
     result = packkit::rl_micro_batches(lengths.data(), costs.data(), lengths.shape(0), capacity, dp_size,
                                        num_micro_batches, equal_count, refine_rounds, search_rounds, search_above,
-                                       goal_margin);
+                                       goal_margin, try_next);
   } catch (const std::invalid_argument& e) {
     throw packkit::InvalidInput(e.what());
   }
@@ -93,6 +93,7 @@ py::object rl_micro_batches(py::array_t<int64_t, py::array::c_style> lengths,
   out["offsets"] = to_numpy(std::move(result.offsets));
   out["tokens"] = to_numpy(std::move(result.tokens));
   out["costs"] = to_numpy(std::move(result.costs));
+  out["num_micro_batches"] = result.num_micro_batches;
   out["bound"] = result.bound;
   out["goal"] = result.goal;
   return std::move(out);
@@ -107,5 +108,6 @@ PYBIND11_MODULE(_planner, m) {
         py::arg("dp_size"), py::arg("cost_a"), py::arg("cost_b"), py::arg("cost_fn") = py::none());
   m.def("rl_micro_batches", &rl_micro_batches, py::arg("lengths"), py::arg("costs"), py::arg("capacity"),
         py::arg("dp_size"), py::arg("num_micro_batches"), py::arg("equal_count"), py::arg("refine_rounds") = 256,
-        py::arg("search_rounds") = 0, py::arg("search_above") = 1.0, py::arg("goal_margin") = -1.0);
+        py::arg("search_rounds") = 0, py::arg("search_above") = 1.0, py::arg("goal_margin") = -1.0,
+        py::arg("try_next") = false);
 }

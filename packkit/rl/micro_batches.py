@@ -246,17 +246,13 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
 
     # The C++ layout at the lower bound K, else at K + 1; the older numpy / ogbfd layouts below only if neither fits.
     k = rounded(-(-token_bound // dp_size))
-    best = None
-    for attempt in (k, rounded(k + 1)):
-        made, goal = _cpp_layout(lengths, costs, max_tokens, dp_size, attempt, equal_count, token_bound)
-        if made is None:
-            continue
-        if best is None or made.balance < best.balance:
-            best = made
-        # Still above the search's goal at the bound K: K + 1 micro-batches per rank (within the promised bound + 1)
-        # can give the search the room a long rollout needs (heavy tails: 1.0223 -> 1.0106 on one such batch).
-        if best.balance <= goal or attempt != k or min_micro_batches is not None or divisor != 1:
-            break
+    # K + 1 micro-batches per rank (within the promised bound + 1) can give the search the room a long rollout needs
+    # (heavy tails: 1.0223 -> 1.0106 on one such batch): the C++ call lays out both and searches the one that starts
+    # lower first. With a forced count (min_micro_batches, divisible_by) only K, else the next allowed count.
+    free = min_micro_batches is None and divisor == 1
+    best = _cpp_layout(lengths, costs, max_tokens, dp_size, k, equal_count, token_bound, try_next=free)
+    if best is None and not free:
+        best = _cpp_layout(lengths, costs, max_tokens, dp_size, rounded(k + 1), equal_count, token_bound)
     if best is not None:
         return best
     order = np.lexsort((np.arange(n), -lengths, -costs))  # costliest first, ties by length then index
@@ -292,13 +288,14 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
     return _rank_lpt(order, lengths, costs, max_tokens, dp_size, token_bound, rounded)
 
 
-def _cpp_layout(lengths, costs, max_tokens, dp_size, k, equal_count, token_bound):
-    """``(the C++ layout with k micro-batches per rank, the balance its search aimed at)``
-    (``csrc/planner/micro_batches.hpp``), or ``(None, None)`` if some sequence fits in none of them."""
+def _cpp_layout(lengths, costs, max_tokens, dp_size, k, equal_count, token_bound, try_next=False):
+    """The C++ layout with ``k`` (or, ``try_next``, ``k + 1``) micro-batches per rank
+    (``csrc/planner/micro_batches.hpp``), or None if some sequence fits in none of them."""
     out = _planner.rl_micro_batches(lengths, costs, max_tokens, dp_size, k, equal_count, search_rounds=SEARCH_ROUNDS,
-                                    search_above=SEARCH_ABOVE, goal_margin=SEARCH_MARGIN)
+                                    search_above=SEARCH_ABOVE, goal_margin=SEARCH_MARGIN, try_next=try_next)
     if out is None:
-        return None, None
+        return None
+    k = out["num_micro_batches"]
     order, offsets = out["order"], out["offsets"]
     bounds = offsets.tolist()
     pieces = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]  # micro-batch r * k + s
@@ -306,8 +303,7 @@ def _cpp_layout(lengths, costs, max_tokens, dp_size, k, equal_count, token_bound
     tokens = out["tokens"].reshape(dp_size, k).T
     step_costs = out["costs"].reshape(dp_size, k).T
     empty = int(np.count_nonzero(offsets[1:] == offsets[:-1]))
-    return (MicroBatches(indices, lengths, costs, max_tokens, dp_size, token_bound, "cpp", tokens, step_costs, empty),
-            out["goal"])
+    return MicroBatches(indices, lengths, costs, max_tokens, dp_size, token_bound, "cpp", tokens, step_costs, empty)
 
 
 def _rank_lpt(order, lengths, costs, max_tokens, dp_size, token_bound, rounded):
