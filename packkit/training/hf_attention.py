@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .attention_args import layer_limits, refusal, refuse_unknown, register
@@ -85,9 +86,10 @@ def _check_cpu_boundaries(module, cu_q, cu_k, max_q, max_k, tokens: int) -> None
         if cu.dim() != 1 or cu.numel() < 2 or cu.is_floating_point():
             raise refusal(NAME, module, f"{name} of shape {tuple(cu.shape)} and dtype {cu.dtype}",
                           "it must be a 1-D integer tensor [0, ..., tokens] of at least 2 entries")
-        lengths = cu[1:] - cu[:-1]
-        if int(cu[0]) != 0 or int(cu[-1]) != tokens or bool((lengths < 0).any()):
-            raise refusal(NAME, module, f"{name} = {cu.tolist()[:8]}{'...' if cu.numel() > 8 else ''}",
+        host = cu.detach().to(torch.int64).numpy()  # numpy: no torch op (and no thread pool) per layer
+        lengths = np.diff(host)
+        if host[0] != 0 or host[-1] != tokens or (lengths < 0).any():
+            raise refusal(NAME, module, f"{name} = {host.tolist()[:8]}{'...' if len(host) > 8 else ''}",
                           f"it must rise from 0 to the batch's {tokens} tokens (batch * sequence length)")
         if int(lengths.max()) > int(longest):
             raise refusal(NAME, module, f"max_length {int(longest)} below the longest document of {name} "
