@@ -17,6 +17,8 @@ Every system's loss is checked equal to the shared one (fp32, rel 1e-4) before t
     python benchmarks/bench_shared_prefix.py            # writes benchmarks/results/shared_prefix_cpu.json
     python benchmarks/bench_shared_prefix.py --quick    # smoke run, small groups, writes nothing
     python benchmarks/bench_shared_prefix.py --device cuda --dtype bf16   # GPU rows: shared_prefix_<gpu>.json
+    python benchmarks/bench_shared_prefix.py --vlm      # vision-language rows (bench_shared_prefix_vlm.py):
+                                                        # shared_prefix_vlm_cpu.json
 
 On a GPU (``--device cuda``) the systems are ``shared`` (the FlashAttention-varlen two-pass path),
 ``shared_flex`` (FlexAttention with the tree BlockMask), ``unshared`` (varlen, pass 1 only) and
@@ -162,29 +164,39 @@ GPU_SYSTEMS = {**SYSTEMS, "shared_flex": lambda m, p, c: step_shared(m, p, c, Tr
 GPU_ORDER = ("shared", "shared_flex", "unshared", "prefix_grouper")
 
 
-def _run(system, spec, repeats, queue, device="cpu", dtype="fp32"):
+def _run(system, spec, repeats, queue, device="cpu", dtype="fp32", vlm=False):
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cuda = device == "cuda"
-    model = tiny_model(device, dtype)
+    if vlm:
+        import bench_shared_prefix_vlm as v
+
+        # One thread per process: on a shared, loaded CPU idle intra-op threads spin and inflate CPU time unevenly.
+        torch.set_num_threads(1)
+        model = v.tiny_vlm(device, DTYPES[dtype])
+    else:
+        model = tiny_model(device, dtype)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if cuda:
         torch.cuda.synchronize()
         base_gpu = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    prompts, completions = make_groups(spec)
-    step, tokens = (GPU_SYSTEMS if cuda else SYSTEMS)[system](model, prompts, completions)
+    prompts, completions = v.make_groups(spec) if vlm else make_groups(spec)
+    step, tokens = (v.SYSTEMS if vlm else GPU_SYSTEMS if cuda else SYSTEMS)[system](model, prompts, completions)
+    counts = tokens if vlm else {"tokens": tokens}
     loss = step()  # warm-up (and the loss every system must agree on)
-    times = []
+    times, cpu_times = [], []
     for _ in range(repeats):
         if cuda:
             torch.cuda.synchronize()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         step()
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out = {"system": system, "tokens": tokens, "seconds": statistics.median(times), "all_seconds": times,
+    out = {"system": system, **counts, "seconds": statistics.median(times), "all_seconds": times,
+           "cpu_seconds": statistics.median(cpu_times), "all_cpu_seconds": cpu_times,
            "loss": loss, "peak_rss_mb": peak / 1024, "model_rss_mb": base / 1024}
     if cuda:  # the device's memory is what a GPU step is limited by: report it in the same columns
         out.update(peak_rss_mb=torch.cuda.max_memory_allocated() / 2**20, model_rss_mb=base_gpu / 2**20,
@@ -192,10 +204,10 @@ def _run(system, spec, repeats, queue, device="cpu", dtype="fp32"):
     queue.put(out)
 
 
-def run_one(system, spec, repeats, device="cpu", dtype="fp32"):
+def run_one(system, spec, repeats, device="cpu", dtype="fp32", vlm=False):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_run, args=(system, spec, repeats, queue, device, dtype))
+    proc = ctx.Process(target=_run, args=(system, spec, repeats, queue, device, dtype, vlm))
     proc.start()
     while True:  # a child that dies (an exception, OOM) must fail the run, not leave it waiting forever
         try:
@@ -226,7 +238,10 @@ def main(argv=None):
     parser.add_argument("--out", type=Path)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
+    parser.add_argument("--vlm", action="store_true", help="the vision-language rows (CPU)")
     args = parser.parse_args(argv)
+    if args.vlm:
+        return main_vlm(args)
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device visible")
@@ -256,6 +271,42 @@ def main(argv=None):
                     "own process; peak = ru_maxrss of that process (CPU) or torch.cuda.max_memory_allocated (GPU), "
                     "+MB = peak minus the memory after loading the model"}
     write_results(doc, results_name("shared_prefix", gpu=cuda), args.out, args.quick)
+    return doc
+
+
+def main_vlm(args):
+    """Vision-language rows: shared (each image once per group) vs unshared packing (once per completion) vs
+    per-sample padded rows; ratios of medians in one run, peak RSS per process."""
+    import bench_shared_prefix_vlm as v
+
+    if args.device != "cpu":
+        raise SystemExit("--vlm: CPU rows only so far (GPU rows: not yet run)")
+    workloads = v.QUICK if args.quick else v.WORKLOADS
+    rows = []
+    print(f"{'workload':36s} {'system':9s} {'tokens':>7s} {'images':>6s} {'visual':>7s} {'s/step':>8s} "
+          f"{'cpu s':>8s} {'peak MB':>8s} {'+MB':>7s} {'vs shared':>9s} {'cpu vs':>7s}")
+    for spec in workloads:
+        runs = {s: run_one(s, spec, 1 if args.quick else args.repeats, vlm=True) for s in v.SYSTEMS}
+        ref = runs["shared"]["loss"]
+        for name, r in runs.items():
+            agree = abs(r["loss"] - ref) <= 1e-4 * abs(ref)
+            ratio = r["seconds"] / runs["shared"]["seconds"]
+            cpu_ratio = r["cpu_seconds"] / runs["shared"]["cpu_seconds"]
+            row = {"workload": spec[0], **r, "time_vs_shared": ratio, "cpu_time_vs_shared": cpu_ratio,
+                   "extra_mb": r["peak_rss_mb"] - r["model_rss_mb"], "loss_agrees": agree}
+            rows.append(row)
+            print(f"{spec[0]:36s} {name:9s} {r['tokens']:7d} {r['images']:6d} {r['visual_tokens']:7d} "
+                  f"{r['seconds']:8.3f} {r['cpu_seconds']:8.3f} {r['peak_rss_mb']:8.0f} {row['extra_mb']:7.0f} "
+                  f"{ratio:8.2f}x {cpu_ratio:6.2f}x{'' if agree else '  LOSS DIFFERS'}")
+    doc = {"machine": machine_info(), "model": v.MODEL, "device": "cpu", "dtype": "fp32", "rows": rows,
+           "threads_per_process": 1,
+           "notes": "cpu fp32 forward+backward per step (vision tower included), median of repeats (wall seconds and "
+                    "process CPU seconds: on a shared, loaded machine the CPU-time ratio is the steadier one); one torch "
+                    "thread per process; each system in "
+                    "its own process; peak = ru_maxrss of that process, +MB = peak minus after loading the model; "
+                    "tokens = the language model's token slots (padding included), images / visual = what the "
+                    "vision tower encodes / the merged visual tokens in the language model"}
+    write_results(doc, "shared_prefix_vlm_cpu.json", args.out, args.quick)
     return doc
 
 
