@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# ms-swift stage (issue 40 section 2): tests/test_swift*.py against ms-swift 4.6.0 itself, in its own venv
+# (.venv-swift, git-ignored), plus a smoke run of benchmarks/trainers/swift.py. Run from anywhere:
+#     bash .ci/trainers/swift.sh
+#
+# Measured 2026-11-26 on the shared 2-core VM (load average ~9): venv ready in 573 s, tests 83 s, benchmark smoke
+# ~20 s: 682 s in all (the full `pip install ms-swift==4.6.0` alone took 264 s there, 2.0 GB; this venv is 1.7 GB).
+#
+# Light install: ms-swift 4.6.0 is pure Python; its full dependency set (gradio-free but with tensorboard, oss2,
+# openai, fastapi, uvicorn, nltk, rouge, matplotlib, ...) took 4.4 min and 2.0 GB here. What the packing dataset,
+# the template collator, get_model_processor, BatchSamplerShard and swift.pipelines.train import is much less:
+# ms-swift and binpacking with --no-deps, plus the pins below (ms-swift pins transformers < 5.20, datasets < 4.8.5,
+# peft < 0.21). torch is pinned in the same pip call so it stays the CPU 2.13.0 wheel.
+# packkit is built into this venv (editable, its own build dir so the main venv's build is not reconfigured).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+VENV=.venv-swift
+start=$(date +%s)
+rm -rf "$VENV"
+python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q torch==2.13.0 transformers==5.19.0 datasets==4.8.4 peft==0.20.0 accelerate==1.15.0 \
+    modelscope==1.40.2 pillow==13.0.0 json_repair==0.64.6 einops==0.8.2 numpy pybind11 scikit-build-core cmake ninja \
+    pytest hypothesis
+"$VENV/bin/pip" install -q --no-deps ms-swift==4.6.0 binpacking==2.0.1
+echo "swift venv: packages installed in $(( $(date +%s) - start )) s"
+"$VENV/bin/pip" install -q --no-build-isolation -e . --config-settings=build-dir=build/swift-{wheel_tag}
+# Run from the repository root: a stray ./ray or ./swift folder would shadow the packages (namespace packages).
+"$VENV/bin/python" -c "import torch, transformers, swift.dataset.packing, swift.pipelines.train, packkit; \
+print('swift venv: torch', torch.__version__, 'transformers', transformers.__version__, 'ms-swift', swift.__version__)"
+echo "swift venv ready in $(( $(date +%s) - start )) s"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_swift.py tests/test_swift_layout.py
+# The benchmark script on 20,000 seed-001-profile lengths (its full run: benchmarks/bench_trainers.py --trainers swift).
+tmp=$(mktemp -d)
+"$VENV/bin/python" -c "import numpy as np; r = np.random.default_rng(0); \
+np.save('$tmp/l.npy', np.clip(np.round(np.exp(r.normal(np.log(864), 0.932, 20000))), 16, 20000).astype(np.int64))"
+"$VENV/bin/python" benchmarks/trainers/swift.py --lengths "$tmp/l.npy" --capacity 20000 --dp-size 8 --hidden 4096 \
+    --out "$tmp/out.json" --repeats 1
+rm -rf "$tmp"
+echo "swift stage: $(( $(date +%s) - start )) s"
