@@ -4,7 +4,8 @@
 #     bash .ci/trainers/swift.sh
 #
 # Measured 2026-11-26 on the shared 2-core VM (load average ~9): venv ready in 573 s, tests 83 s, benchmark smoke
-# ~20 s: 682 s in all (the full `pip install ms-swift==4.6.0` alone took 264 s there, 2.0 GB; this venv is 1.7 GB).
+# ~20 s: 682 s in all. For comparison, `pip install torch==2.13.0 ms-swift==4.6.0` (all its deps, no packkit build)
+# took 264 s at a lower load, 2.0 GB; this venv is 1.7 GB (torch is most of both).
 #
 # Light install: ms-swift 4.6.0 is pure Python; its full dependency set (gradio-free but with tensorboard, oss2,
 # openai, fastapi, uvicorn, nltk, rouge, matplotlib, ...) took 4.4 min and 2.0 GB here. What the packing dataset,
