@@ -8,7 +8,7 @@
 # took 264 s at a lower load, 2.0 GB; this venv is 1.7 GB (torch is most of both).
 #
 # Light install: ms-swift 4.6.0 is pure Python; its full dependency set pulls tensorboard, oss2, openai, fastapi,
-# uvicorn, nltk, rouge, matplotlib, ... (about 200 packages). What the packing dataset,
+# uvicorn, nltk, rouge, matplotlib, ... (126 packages in that venv; 82 here). What the packing dataset,
 # the template collator, get_model_processor, BatchSamplerShard and swift.pipelines.train import is much less:
 # ms-swift and binpacking with --no-deps, plus the pins below (ms-swift pins transformers < 5.20, datasets < 4.8.5,
 # peft < 0.21). torch is pinned in the same pip call so it stays the CPU 2.13.0 wheel.
