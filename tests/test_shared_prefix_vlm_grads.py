@@ -45,9 +45,10 @@ def test_grpo_gradients_include_the_vision_tower(family):
     assert worst_grad(got, expected)[0] <= REL_GRAD
 
 
-def test_dpo_gradients_include_the_vision_tower():
-    model = tiny_model("qwen2_5_vl")
-    prompts, completions = vlm_groups("qwen2_5_vl", seed=2, sizes=(2, 2, 2, 2))
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_dpo_gradients_include_the_vision_tower(family):
+    model = tiny_model(family)
+    prompts, completions = vlm_groups(family, seed=2, sizes=(2, 2, 2, 2))
     completions = [[c or [7] for c in g] for g in completions]  # DPO answers are not empty
     torch.manual_seed(1)
     ref_sums = torch.randn(8, dtype=torch.float64)  # a frozen reference model's sums (constants here)
