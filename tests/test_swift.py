@@ -333,3 +333,44 @@ def test_plugin_file_loaded_as_ms_swift_loads_external_plugins(setup, monkeypatc
     finally:
         uninstall()
     assert sft.PackingDataset is own
+
+
+def _dist_worker(rank, world, port, template, encoded, queue):
+    """One rank of a gloo group: the planned dataset (plan on rank 0, broadcast) and ms-swift-style sampling."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        dataset = PlannedPackingDataset(template, encoded, packing_length=160, cost="attention")  # dp_size: the group
+        sampler = PlannedBatchSamplerShard(len(dataset), 1, True, False, 7, planned_dp_size=dataset.dp_size)
+        queue.put((rank, dataset.dp_size, dataset.packed_idx, list(sampler)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_on_gloo_get_one_plan_and_their_rows_of_each_step(setup):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    _, template, encoded, _ = setup
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_dist_worker, args=(r, 2, port, template, encoded, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict((r, rest) for r, *rest in (queue.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    (dp0, rows0, batches0), (dp1, rows1, batches1) = got[0], got[1]
+    assert dp0 == dp1 == 2 and rows0 == rows1  # rank 1 received rank 0's plan
+    assert len(batches0) == len(batches1) == len(rows0) // 2
+    for b0, b1 in zip(batches0, batches1):  # each micro-step: rank r gets row r of the same planned step
+        assert b0[0] % 2 == 0 and b1[0] == b0[0] + 1
+    assert sorted(i for b in batches0 + batches1 for i in b) == list(range(len(rows0)))
