@@ -186,3 +186,27 @@ def test_goal_stops_the_search_early_on_a_heavy_row():
     assert _balance(full, costs) < _balance(goal_stopped, costs)  # the full search goes on past the goal
     assert refine_across_steps([[b.copy() for b in r] for r in goal_stopped], lengths, costs, cap, swaps_only=False,
                                rounds=1)  # ... so the goal-stopped layout is not a local optimum
+
+
+def test_try_next_searches_the_layout_that_starts_lower():
+    """bench_rl --heavy row 1,024 / dp 16 / cap 32k, seed 1: K misses its goal (1.0237 after the whole budget) while
+    K + 1 starts lower and reaches 1.0087; one call with try_next returns K + 1, same guarantees, deterministic."""
+    rng = np.random.default_rng(1)
+    cap, dp, n = 32768, 16, 1024
+    prompt = rng.integers(64, 1501, n)
+    lengths = prompt + np.clip(np.exp(rng.normal(np.log(3000), 1.0, n)).astype(np.int64), 1, cap - prompt)
+    costs = 24576.0 * lengths + lengths.astype(np.float64) ** 2
+    k = -(-(-(-int(lengths.sum()) // cap)) // dp)
+    kw = dict(search_rounds=800, search_above=1.002, goal_margin=0.001)
+    alone = _planner.rl_micro_batches(lengths, costs, cap, dp, k, False, **kw)
+    both = _planner.rl_micro_batches(lengths, costs, cap, dp, k, False, try_next=True, **kw)
+    assert alone["num_micro_batches"] == k and both["num_micro_batches"] == k + 1
+    def bal(out, kk):
+        c = out["costs"].reshape(dp, kk)
+        return c.max(0).sum() / c.mean(0).sum()
+
+    assert bal(both, k + 1) < bal(alone, k) - 0.01
+    assert bal(both, k + 1) <= max(1.003, both["bound"] + 0.002)
+    assert sorted(both["order"].tolist()) == list(range(n)) and both["tokens"].max() <= cap
+    again = _planner.rl_micro_batches(lengths, costs, cap, dp, k, False, try_next=True, **kw)
+    assert np.array_equal(again["order"], both["order"]) and np.array_equal(again["offsets"], both["offsets"])
