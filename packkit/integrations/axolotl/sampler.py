@@ -254,12 +254,6 @@ class MultipackBatchSampler(BatchSampler):
         tokens = sum(int(self.lengths[row].sum()) for row in rows)
         return float(tokens / (len(rows) * self.batch_max_len))
 
-    def gather_efficiency(self) -> float:
-        """axolotl's quantised estimate; every rank computes the same plan, so no collective is needed."""
-        import math
-
-        return math.ceil(math.floor(0.997 * self.efficiency()) * 200.0) / 200.0
-
     # -- resume -----------------------------------------------------------------------------------------------
     def _fingerprint(self) -> str:
         h = hashlib.blake2b(digest_size=16)
