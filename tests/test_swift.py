@@ -374,3 +374,14 @@ def test_two_ranks_on_gloo_get_one_plan_and_their_rows_of_each_step(setup):
     for b0, b1 in zip(batches0, batches1):  # each micro-step: rank r gets row r of the same planned step
         assert b0[0] % 2 == 0 and b1[0] == b0[0] + 1
     assert sorted(i for b in batches0 + batches1 for i in b) == list(range(len(rows0)))
+
+
+def test_default_cost_is_the_model_configs_transformer_cost(setup):
+    from packkit import transformer_cost
+    from packkit.integrations.swift import plan_packed_idx
+
+    _, template, encoded, _ = setup
+    dataset = PlannedPackingDataset(template, encoded, packing_length=160, dp_size=2)
+    assert dataset.cost is template.config
+    expected = plan_packed_idx(encoded["lengths"], 160, dp_size=2, cost=transformer_cost(template.config))
+    assert dataset.packed_idx == expected.packed_idx and dataset.balance == pytest.approx(expected.balance)
