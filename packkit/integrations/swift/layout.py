@@ -27,7 +27,7 @@ class PackedIndex(NamedTuple):
     packed_length: list  # list[int]: tokens of each row
     dp_size: int
     dropped: list  # dataset indices in no row (only when fewer samples than ranks are left; see plan_packed_idx)
-    balance: float  # sum over steps of the max rank cost / sum over steps of the mean (1.0 = perfect)
+    balance: float  # sum over steps of the max rank cost / sum of the mean (1.0 = perfect); tokens for a callable cost
 
 
 def _sample_lengths(lengths) -> np.ndarray:
