@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Issue 40 section 1: packkit inside axolotl 0.19.0 (PackkitPlugin, packkit's MultipackBatchSampler).
+# A venv of its own (.venv-axolotl, git-ignored): axolotl's own pins (torch 2.13.0, transformers 5.16.1, trl 1.9.0,
+# accelerate 1.13.0) beside the main venv's transformers 5.24. Not `pip install axolotl` (4.3 GB, 9 min here: vllm-free
+# but with gradio, wandb, lm_eval, bitsandbytes, xformers, ...): axolotl with --no-deps plus what the trainer, the
+# plugin base, the collators and the LR-schedule count import (1.7 GB). Runs tests/test_axolotl_sampler.py and
+# tests/test_axolotl_plugin.py (2 gloo ranks training through axolotl's trainer) and a smoke run of the benchmark.
+# Cost on the 2-core CPU machine, pip cache warm, machine shared with other jobs (2026-11-26): 6 min 27 s in all
+# (venv + packkit build 332 s, the 23 tests 44 s, benchmark smoke ~10 s); venv 1.7 GB.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+VENV=.venv-axolotl
+PY="$VENV/bin/python"
+start=$(date +%s)
+python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q torch==2.13.0 transformers==5.16.1 trl==1.9.0 accelerate==1.13.0 peft==0.20.0 \
+  datasets==4.8.4 numba==0.68.1 numpy pybind11 scikit-build-core cmake ninja pytest hypothesis
+"$VENV/bin/pip" install -q --no-deps axolotl==0.19.0 pillow==11.3.0 addict==2.4.0 colorama==0.4.6 posthog==6.7.11 \
+  six==1.17.0 backoff==2.2.1 distro==1.9.0
+"$VENV/bin/pip" install -q --no-build-isolation -e .
+echo "axolotl venv ready in $(( $(date +%s) - start )) s"
+"$PY" -m pytest -q -p no:cacheprovider tests/test_axolotl_sampler.py tests/test_axolotl_plugin.py
+# The benchmark's axolotl script on 5,000 lengths (the contract's JSON rows; nothing kept).
+smoke=$(mktemp -d)
+"$PY" -c "import numpy as np; np.save('$smoke/l.npy', np.clip(np.round(np.exp(np.random.default_rng(0).normal(np.log(800), 0.932, 5000))), 16, 8192).astype(np.int64))"
+"$PY" benchmarks/trainers/axolotl.py --lengths "$smoke/l.npy" --capacity 8192 --dp-size 8 --hidden 4096 \
+  --out "$smoke/out.json" --repeats 1
+rm -rf "$smoke"
+echo "axolotl stage: $(( $(date +%s) - start )) s"
