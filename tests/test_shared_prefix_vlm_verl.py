@@ -1,6 +1,6 @@
 """verl's Qwen-VL GRPO rollouts (``multi_modal_inputs`` per row, ``position_ids`` ``[B, 3, S]`` / ``[B, 4, S]`` from
 the model's ``get_rope_index``) through ``pack_rollout_groups`` and ``integrations.verl_shared_prefix``: each uid's
-images once, response log-probs equal per-row runs (fp64, rel <= 1e-10); rows of one uid with different pixels are
+images once, response log-probs equal per-row runs (Qwen2.5-VL and Qwen3-VL, fp64, rel <= 1e-10); rows of one uid with different pixels are
 flagged on the device (``info.status`` bit 8), not synced."""
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ def _fp64(monkeypatch):
     fp64_vlm_norms(monkeypatch)
 
 
-def rollouts(model, rows_per_uid=(3, 2, 2), four=True, seed=0):
+def rollouts(model, rows_per_uid=(3, 2, 2), four=True, seed=0, family="qwen2_5_vl"):
     """verl's layout: left-padded prompt, right-padded response; position_ids from the model's get_rope_index on each
     row's valid tokens; uids interleaved."""
     rng = np.random.default_rng(seed)
     ids, masks, pos, mm, uids = [], [], [], [], []
     specs = [[("text", 2), ("image", (4, 4)), ("text", 3)], [("text", 5)], [("image", (2, 4)), ("text", 4)]]
     for u, g in enumerate(rows_per_uid):
-        sample = make_sample(rng, specs[u])
+        sample = make_sample(rng, specs[u], family)
         p = len(sample["input_ids"])
         for _ in range(g):
             r = int(rng.integers(0, RESPONSE + 1))
@@ -41,8 +41,8 @@ def rollouts(model, rows_per_uid=(3, 2, 2), four=True, seed=0):
             mask[PROMPT - p:PROMPT + r] = 1
             types = torch.tensor([sample["mm_token_type_ids"] + [0] * r])
             grids = {k: sample.get(k) for k in ("image_grid_thw", "video_grid_thw")}
-            rope, _ = model.model.get_rope_index(torch.tensor([valid]), types, grids["image_grid_thw"],
-                                                 grids["video_grid_thw"], None, None)
+            rope, _ = model.model.get_rope_index(torch.tensor([valid]), types, image_grid_thw=grids["image_grid_thw"],
+                                                 video_grid_thw=grids["video_grid_thw"])
             full = torch.zeros(4, PROMPT + RESPONSE, dtype=torch.int64)
             full[0, PROMPT - p:PROMPT + r] = torch.arange(p + r)
             full[1:, PROMPT - p:PROMPT + r] = rope[:, 0]
@@ -73,10 +73,10 @@ def per_row(model, ids, mask, mmi):
     return out
 
 
-@pytest.mark.parametrize("four", [True, False])
-def test_verl_vlm_rollouts_equal_per_row(four):
-    model = tiny_model("qwen2_5_vl")
-    ids, mask, pos, mmi, uids = rollouts(model, four=four)
+@pytest.mark.parametrize("family, four", [("qwen2_5_vl", True), ("qwen2_5_vl", False), ("qwen3_vl", True)])
+def test_verl_vlm_rollouts_equal_per_row(family, four):
+    model = tiny_model(family)
+    ids, mask, pos, mmi, uids = rollouts(model, four=four, family=family)
     with torch.no_grad():
         ref = per_row(model, ids, mask, mmi)
         batch, info = sp.pack_rollout_groups(ids, mask, uids, np.arange(len(ids)), prompt_length=PROMPT,
