@@ -1,7 +1,7 @@
 """verl's Qwen-VL GRPO rollouts (``multi_modal_inputs`` per row, ``position_ids`` ``[B, 3, S]`` / ``[B, 4, S]`` from
 the model's ``get_rope_index``) through ``pack_rollout_groups`` and ``integrations.verl_shared_prefix``: each uid's
-images once, response log-probs equal per-row runs (Qwen2.5-VL and Qwen3-VL, fp64, rel <= 1e-10); rows of one uid with different pixels are
-flagged on the device (``info.status`` bit 8), not synced."""
+images once, response log-probs equal per-row runs (Qwen2.5-VL and Qwen3-VL, fp64, rel <= 1e-10); rows of one uid
+with different pixels are flagged on the device (``info.status`` bit 8), not synced."""
 from __future__ import annotations
 
 import numpy as np
