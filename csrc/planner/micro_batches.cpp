@@ -336,7 +336,11 @@ MicroBatchLayout rl_micro_batches(const int64_t* lengths, const double* costs, i
     if (!initial_grid(lengths, costs, n, capacity, dp, k, equal_count, refine_rounds, ord, t.grid)) continue;
     // The search stops at the goal max(search_above, bound + goal_margin) where the certified bound is known.
     if (goal_margin >= 0) t.bound = step_balance_bound(lengths, costs, n, capacity, dp, k);
-    if (!std::isnan(t.bound)) t.goal = std::max(search_above, t.bound + goal_margin);
+    // ... and never above search_above + goal_margin (1.003) where the bound is half a margin below that.
+    if (!std::isnan(t.bound)) {
+      t.goal = std::max(search_above, t.bound + goal_margin);
+      if (t.bound + goal_margin / 2 <= search_above + goal_margin) t.goal = std::min(t.goal, search_above + goal_margin);
+    }
     t.balance = step_balance(t.grid);
     tries.push_back(std::move(t));
   }

@@ -34,7 +34,8 @@ struct MicroBatchLayout {
 // search on the steps that changed; it ends on a cross-step pass that finds no improving change (or the budget).
 // search_rounds = 0: no cross-step search. Every step of it lowers sum over steps of the costliest micro-batch.
 // goal_margin >= 0: where every cost is a*l + b*l^2 (a, b >= 0), the search's goal is max(search_above, certified
-// bound at K + goal_margin) instead of search_above: it runs only while the balance is above the goal and stops as
+// bound at K + goal_margin), but at most search_above + goal_margin where bound + goal_margin / 2 is within that,
+// instead of search_above: it runs only while the balance is above the goal and stops as
 // soon as it reaches it (not at a local optimum). bound / goal are reported.
 // try_next: K + 1 micro-batches per rank are laid out too; the layout with the lower balance before the search is
 // searched first, the other only if the first misses its goal; the better result is returned (num_micro_batches).
