@@ -301,7 +301,8 @@ def main_vlm(args):
     doc = {"machine": machine_info(), "model": v.MODEL, "device": "cpu", "dtype": "fp32", "rows": rows,
            "threads_per_process": 1,
            "notes": "cpu fp32 forward+backward per step (vision tower included), median of repeats (wall seconds and "
-                    "process CPU seconds: on a shared, loaded machine the CPU-time ratio is the steadier one); one torch "
+                    "process CPU seconds: on a shared, loaded machine the CPU-time ratio is the steadier one); "
+                    "one torch "
                     "thread per process; each system in "
                     "its own process; peak = ru_maxrss of that process, +MB = peak minus after loading the model; "
                     "tokens = the language model's token slots (padding included), images / visual = what the "

@@ -2,8 +2,8 @@
 random-init Qwen2-VL, Qwen2.5-VL and Qwen3-VL (deepstack), fp64 end to end. Per-token completion log-probs equal
 each prompt + completion run alone with HF's own position computation (rel <= 1e-10); GRPO token-mean and DPO
 losses give the same gradients for every parameter, the vision tower's included (rel <= 1e-9:
-tests/test_shared_prefix_vlm_grads.py). Controls that must fail: completion text positions restarting after the prompt's length (instead of the walk's next position), and
-images dropped from a split sub-group.
+tests/test_shared_prefix_vlm_grads.py). Controls that must fail: completion text positions restarting after the
+prompt's length (instead of the walk's next position), and images dropped from a split sub-group.
 """
 from __future__ import annotations
 

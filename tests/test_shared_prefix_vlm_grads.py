@@ -8,7 +8,8 @@ import torch
 from packkit import shared_prefix as sp
 
 pytest.importorskip("transformers")
-from shared_prefix_vlm_helpers import fp64_vlm_norms, grads, per_sample_logprobs, shared, vlm_groups, worst_grad  # noqa: E402
+from shared_prefix_vlm_helpers import (fp64_vlm_norms, grads, per_sample_logprobs, shared, vlm_groups,  # noqa: E402
+                                       worst_grad)
 from vlm_helpers import tiny_model  # noqa: E402
 
 REL_GRAD = 1e-9

@@ -34,7 +34,8 @@ def test_plain_token_prompts_are_unchanged():
 
 def test_processor_shaped_prompt_is_accepted():
     p = _one_image()
-    processor = {**p, "input_ids": torch.tensor([p["input_ids"]]), "mm_token_type_ids": torch.tensor([p["mm_token_type_ids"]]),
+    processor = {**p, "input_ids": torch.tensor([p["input_ids"]]),
+                 "mm_token_type_ids": torch.tensor([p["mm_token_type_ids"]]),
                  "attention_mask": torch.ones(1, len(p["input_ids"]), dtype=torch.int64)}
     a, _ = sp.pack_groups([p], [[[5, 6], [7]]], mrope=CONFIG)
     b, _ = sp.pack_groups([processor], [[[5, 6], [7]]], mrope=CONFIG)

@@ -81,8 +81,9 @@ def _as_tensor(value) -> torch.Tensor:
 
 
 def split_prompts(prompts, mrope, name: str = "prompts") -> tuple[list, Optional[VisionPrompts]]:
-    """``(token prompts, vision)`` (``name``: the argument, for messages): dict prompts -> their ``input_ids`` and the checked vision inputs (None when no
-    prompt is a vision-language one and ``mrope`` is None: the plain token path, unchanged)."""
+    """``(token prompts, vision)`` (``name``: the argument, for messages): dict prompts -> their ``input_ids`` and
+    the checked vision inputs (None when no prompt is a vision-language one and ``mrope`` is None: the plain token
+    path, unchanged)."""
     if isinstance(prompts, (str, bytes, dict)) or not hasattr(prompts, "__len__"):
         return prompts, None  # groups_forest names the type error
     dicts = [g for g, p in enumerate(prompts) if isinstance(p, dict)]
