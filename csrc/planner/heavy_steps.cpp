@@ -75,11 +75,24 @@ Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<dou
     hi[l] = std::max(hi[l], c);
   }
   double below = 0;
+  // Lengths present, ascending, with their least cost: non-decreasing once the check below passes.
+  std::vector<int64_t> present;
+  std::vector<double> present_lo;
   for (size_t l = 1; l < lo.size(); ++l) {
     if (lo[l] < 0) continue;
     if (lo[l] < below) return {};
     below = hi[l];
+    present.push_back(static_cast<int64_t>(l));
+    present_lo.push_back(lo[l]);
   }
+  // Longest length l whose cheapest item still fits the budget (base + lo[l] <= level), or 0. Every
+  // item longer than that costs more than the budget (costs grow with length), so the filler
+  // search can start there instead of walking down one length at a time.
+  auto longest_affordable = [&](double base, double level) -> int64_t {
+    const auto it = std::partition_point(present_lo.begin(), present_lo.end(),
+                                         [&](double c) { return base + c <= level; });
+    return it == present_lo.begin() ? 0 : present[static_cast<size_t>(it - present_lo.begin()) - 1];
+  };
   std::vector<int32_t> big, other;
   for (int64_t i = 0; i < n; ++i) (2 * lengths[i] > capacity ? big : other).push_back(static_cast<int32_t>(i));
   std::stable_sort(big.begin(), big.end(), [&](int32_t x, int32_t y) { return lengths[x] > lengths[y]; });
@@ -122,7 +135,7 @@ Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<dou
     for (size_t r = 1; r < dp; ++r) {
       int64_t room = capacity - load[r];
       while (room > 0) {
-        int64_t i = pool.longest_up_to(room);
+        int64_t i = pool.longest_up_to(std::min(room, longest_affordable(cost[r], level)));
         while (i >= 0 && cost[r] + costs[static_cast<size_t>(i)] > level) i = pool.longest_up_to(lengths[i] - 1);
         if (i < 0) break;
         pool.remove_head_of(i);
