@@ -1,10 +1,10 @@
 """axolotl 0.19 drop-in: ``plugins: [packkit.integrations.axolotl.PackkitPlugin]`` in the YAML.
 
-* :class:`MultipackBatchSampler` (``sampler.py`` + ``fill.py``, no axolotl import): axolotl's constructor
+* :class:`MultipackBatchSampler` (``sampler.py`` + ``fill.py`` + ``rows.py``, no axolotl import): axolotl's constructor
   signature plus ``dp_size`` and ``cost``; one packkit plan per epoch, items ordered so accelerate's round-robin
   dealing hands every rank its planned row of every step.
-* :class:`PackkitPlugin` (``plugin.py``, imports axolotl on first use): swaps the trainer's sampler, the
-  LR-schedule step count's sampler, and offers packkit's collator.
+* :class:`PackkitPlugin` (``plugin.py``, imports axolotl on first use): swaps the trainer's sampler and the
+  LR-schedule step count's sampler; axolotl's collators are used unchanged.
 """
 from .sampler import MultipackBatchSampler, default_dp_size
 

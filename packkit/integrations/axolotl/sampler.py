@@ -18,11 +18,12 @@ from typing import Iterable, Iterator, Optional, Union
 import numpy as np
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
-from ...planning.planner import _cost_model, as_lengths
+from ...planning.planner import as_lengths
 from ...planning.planner import plan as packkit_plan
 from ...training.sampler import PackedBatchSampler
 from ...training.sampler.args import int_arg
 from .fill import fill_last_step, split_in_order
+from .rows import item_cost_fn, rows_of
 
 LOG = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -130,7 +131,7 @@ class MultipackBatchSampler(BatchSampler):
         self.planned_lengths = np.maximum(real, floor)
         self.planned_lengths.flags.writeable = False
         self.cost = cost
-        self._item_cost = _item_cost_fn(cost)
+        self._item_cost = item_cost_fn(cost)
         self._inner = PackedBatchSampler(self.planned_lengths, self.batch_max_len, rank=0, world_size=self.dp_size,
                                          shuffle=self.shuffle, seed=self.seed, drop_last=False, algorithm="ogbfd",
                                          cost=cost,
@@ -172,13 +173,13 @@ class MultipackBatchSampler(BatchSampler):
             k, w = self.batch_size, self.dp_size
             if self.sequential:  # rows in the sampler's order, consecutive rows per item (positions)
                 plan = packkit_plan(self.planned_lengths, self.batch_max_len, algorithm="nf", overlong="truncate")
-                rows, dropped = split_in_order(_rows_of(plan, np.arange(plan.num_bins), None), w * k)
+                rows, dropped = split_in_order(rows_of(plan, np.arange(plan.num_bins), None), w * k)
             else:
                 self._inner.set_epoch(self.epoch)
                 data = self._inner._data()
                 # yielded (step, rank, j) -> plan bin, as EpochPlan.row computes it one row at a time
                 bins = (data.step_order[:, None, None] * data.plan.dp_size + data.rank_rows[data.step_order])
-                rows = _rows_of(data.plan, bins.reshape(-1), data.permutation)
+                rows = rows_of(data.plan, bins.reshape(-1), data.permutation)
                 steps = [[rows[(s * w + r) * k:(s * w + r + 1) * k] for r in range(w)]
                          for s in range(len(rows) // (w * k))]
                 steps, dropped = fill_last_step(steps, self.planned_lengths, self._item_cost)
@@ -295,23 +296,3 @@ class MultipackBatchSampler(BatchSampler):
         return (f"packkit MultipackBatchSampler(samples={len(self.indices)}, batch_size={self.batch_size}, "
                 f"batch_max_len={self.batch_max_len}, dp_size={self.dp_size}, bin_size={self.bin_size}, "
                 f"sequential={self.sequential}, epoch={self.epoch})")
-
-
-def _rows_of(plan, bins: np.ndarray, permutation) -> list[list[int]]:
-    """The positions in each of ``plan``'s ``bins`` (an int array of bin ids), mapped through ``permutation``."""
-    offsets = plan.segments.bin_offsets
-    counts = offsets[1:][bins] - offsets[:-1][bins]
-    ends = np.cumsum(counts)
-    total = int(ends[-1]) if len(ends) else 0
-    gather = np.arange(total, dtype=np.int64) + np.repeat(offsets[:-1][bins] - (ends - counts), counts)
-    seq = plan.segments.seq_index[gather]
-    as_list = (seq if permutation is None else permutation[seq]).tolist()
-    return [as_list[e - c:e] for c, e in zip(counts.tolist(), ends.tolist())]
-
-
-def _item_cost_fn(cost):
-    """Per-item cost of an int64 length array under ``cost`` (as :func:`packkit.plan` reads it)."""
-    a, b, fn = _cost_model(cost)
-    if fn is not None:
-        return lambda lengths: np.asarray(fn(lengths), dtype=np.float64)
-    return lambda lengths: a * lengths.astype(np.float64) + b * lengths.astype(np.float64) ** 2
