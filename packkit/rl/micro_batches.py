@@ -7,7 +7,7 @@ although FSDP runs them in lock step. Here both decisions are one plan, made in 
 ``ceil(ceil(tokens / max_tokens) / dp_size)``, else K + 1), each within ``max_tokens`` by construction, steps of
 ``dp_size`` micro-batches of near-equal cost, ``equal_count`` and forced counts included, then (heavy tails) the
 cross-step local search (``csrc/planner/step_search.cpp``; ``local_search.py`` is its Python reference, used by the
-tests only). The older layouts below
+tests only), which stops at a goal derived from the certified balance bound (``SEARCH_MARGIN``). The older layouts below
 (``ogbfd`` planner, capped longest-processing-time in numpy) run only when the C++ layout fits neither K nor K + 1.
 """
 from __future__ import annotations
