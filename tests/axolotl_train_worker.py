@@ -1,10 +1,12 @@
 """One rank of the axolotl training proof (run by tests/test_axolotl_plugin.py in the axolotl venv, not by pytest).
 
-usage: python axolotl_train_worker.py RANK WORLD_SIZE INIT_METHOD OUT_DIR
+usage: [AXOLOTL_COLLATOR=packkit] python axolotl_train_worker.py RANK WORLD_SIZE INIT_METHOD OUT_DIR
 
 axolotl 0.19's own trainer (``AxolotlTrainer`` via ``PackkitPlugin.get_trainer_cls``, its
 ``V2BatchSamplerDataCollatorForSeq2Seq``, accelerate's dealing, DDP on gloo) trains a tiny random fp64 Llama for 3
-steps with SGD on packed rows. Each rank saves, per step: the parameters at the step's start, the gradient the
+steps with SGD on packed rows. ``AXOLOTL_COLLATOR=packkit`` takes the collator the plugin offers for
+``packkit_collator: true`` instead (axolotl's builder pads to a multiple of 64 by default: so does this run).
+Each rank saves, per step: the parameters at the step's start, the gradient the
 optimizer is about to apply (after DDP's all-reduce), the loss ``training_step`` returned, and the rows it
 trained on; the test recomputes every step from the same samples run one at a time.
 """
@@ -20,14 +22,15 @@ import torch
 
 CAPACITY = 96
 VOCAB = 48
+# What packkit's collator adds for the attention (the model forwards every batch key to its loss too); not the loss's
+ATTENTION_METADATA = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"}
 
 
 def tokenizer():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"t{i}": i for i in range(VOCAB)}
-    vocab["[PAD]"] = 0
+    vocab = {"[PAD]": 0, **{f"t{i}": i for i in range(1, VOCAB)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t1"))
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="t1")
 
@@ -52,8 +55,9 @@ def samples(n: int = 40, seed: int = 3) -> list[dict]:
 def fp64_causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
                         **kwargs):
     """transformers' ForCausalLMLoss without its ``logits.float()`` (which rounds an fp64 model's loss to fp32)."""
-    if kwargs:
-        raise TypeError(f"fp64_causal_lm_loss: unexpected arguments {sorted(kwargs)}")
+    unknown = set(kwargs) - ATTENTION_METADATA
+    if unknown:
+        raise TypeError(f"fp64_causal_lm_loss: unexpected arguments {sorted(unknown)}")
     if shift_labels is None:
         shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab_size), shift_labels.reshape(-1).to(logits.device),
@@ -105,7 +109,8 @@ def main():
     from axolotl.monkeypatch.data.batch_dataset_fetcher import apply_multipack_dataloader_patch
 
     apply_multipack_dataloader_patch()  # what axolotl's PatchManager does for sample_packing (bins per item)
-    cfg = DictDefault({"sample_packing": True, "base_model": "tiny-llama", "seed": 0})
+    use_packkit = os.environ.get("AXOLOTL_COLLATOR") == "packkit"
+    cfg = DictDefault({"sample_packing": True, "base_model": "tiny-llama", "seed": 0, "packkit_collator": use_packkit})
     plugin = PackkitPlugin()
     plugin.register(cfg)
     net = model()
@@ -139,7 +144,12 @@ def main():
             report_to=[], logging_steps=1, save_strategy="no", use_cpu=True, dataloader_num_workers=0, seed=0,
             remove_unused_columns=False, ddp_backend="gloo", disable_tqdm=True)
         data = datasets.Dataset.from_list(samples())
-        collator = V2BatchSamplerDataCollatorForSeq2Seq(tokenizer(), return_tensors="pt", padding=True)
+        offered = plugin.get_collator_cls_and_kwargs(cfg)
+        assert (offered is not None) == use_packkit
+        if use_packkit:  # as axolotl's builder calls it (tokenizer, padding, pad_to_multiple_of, return_tensors)
+            collator = offered[0](tokenizer(), padding=True, pad_to_multiple_of=64, return_tensors="pt", **offered[1])
+        else:
+            collator = V2BatchSamplerDataCollatorForSeq2Seq(tokenizer(), return_tensors="pt", padding=True)
         trainer = Trainer(model=net, args=args, train_dataset=data, data_collator=collator, callbacks=[Recorder()])
         assert trainer.accelerator.num_processes == world, trainer.accelerator.state
         trainer.train()

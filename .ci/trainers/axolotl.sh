@@ -4,9 +4,11 @@
 # accelerate 1.13.0) beside the main venv's transformers 5.24. Not `pip install axolotl` (4.3 GB, 9 min here: vllm-free
 # but with gradio, wandb, lm_eval, bitsandbytes, xformers, ...): axolotl with --no-deps plus what the trainer, the
 # plugin base, the collators and the LR-schedule count import (1.7 GB). Runs tests/test_axolotl_sampler.py and
-# tests/test_axolotl_plugin.py (2 gloo ranks training through axolotl's trainer) and a smoke run of the benchmark.
+# tests/test_axolotl_plugin.py (2 gloo ranks training through axolotl's trainer, with axolotl's collator and with
+# packkit's) and a smoke run of the benchmark.
 # Cost on the 2-core CPU machine, pip cache warm, machine shared with other jobs (2026-11-26): 6 min 27 s in all
-# (venv + packkit build 332 s, the 23 tests 44 s, benchmark smoke ~10 s); venv 1.7 GB.
+# (venv + packkit build 332 s, the tests 44 s, benchmark smoke ~10 s; the packkit-collator run added since: ~35 s);
+# venv 1.7 GB. pydantic (the plugin's schema keys) comes with transformers' dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=.venv-axolotl

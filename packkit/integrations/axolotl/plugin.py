@@ -14,7 +14,9 @@ What it changes (nothing else):
   ``seed`` = ``args.seed``;
 * the LR schedule's step count (``axolotl.utils.trainer.calculate_total_num_steps`` builds a second sampler):
   ``register`` points that module's ``MultipackBatchSampler`` at packkit's, with the same dp size, cost and seed,
-  so the schedule counts the steps the trainer runs.
+  so the schedule counts the steps the trainer runs;
+* with ``packkit_collator: true`` (a key it adds to the schema, ``args.py``), the collator
+  (``get_collator_cls_and_kwargs``): :class:`~packkit.integrations.axolotl.collator.AxolotlPackingCollator`.
 
 Streaming pretraining (``axolotl.utils.data.streaming``) keeps axolotl's own sampler: there it packs each stream
 buffer into fixed rows before any dealing, and the step count is ``max_steps``.
@@ -47,6 +49,17 @@ class PackkitPlugin(BasePlugin):
         import axolotl.utils.trainer as schedule
 
         schedule.MultipackBatchSampler = self.schedule_sampler
+
+    def get_input_args(self):
+        return "packkit.integrations.axolotl.args.PackkitArgs"
+
+    def get_collator_cls_and_kwargs(self, cfg, is_eval=False):
+        """packkit's collator when the YAML sets ``packkit_collator: true``; else None (axolotl's own)."""
+        if not cfg.get("packkit_collator"):
+            return None
+        from .collator import AxolotlPackingCollator
+
+        return AxolotlPackingCollator, {}
 
     def get_trainer_cls(self, cfg):
         self._check(cfg)
