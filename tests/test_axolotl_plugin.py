@@ -149,3 +149,24 @@ def test_unsupported_configs_are_refused_by_name(cfg, match):
     with pytest.raises(ValueError, match=match):
         PackkitPlugin().get_trainer_cls(DictDefault(cfg))
 
+
+
+def test_packkit_collator_key_joins_axolotls_schema_and_selects_the_collator():
+    from axolotl.integrations.base import PluginManager
+    from axolotl.integrations.config import merge_input_args
+    from axolotl.utils.dict import DictDefault
+
+    from packkit.integrations.axolotl import PackkitPlugin
+    from packkit.integrations.axolotl.collator import AxolotlPackingCollator
+
+    manager = PluginManager.get_instance()
+    name = "packkit.integrations.axolotl.PackkitPlugin"
+    manager.register(name)
+    try:
+        _, schema = merge_input_args()
+        assert "packkit_collator" in schema.model_fields
+    finally:
+        manager.plugins.pop(name, None)
+    plugin = PackkitPlugin()
+    assert plugin.get_collator_cls_and_kwargs(DictDefault({"sample_packing": True})) is None  # axolotl's own
+    assert plugin.get_collator_cls_and_kwargs(DictDefault({"packkit_collator": True})) == (AxolotlPackingCollator, {})
