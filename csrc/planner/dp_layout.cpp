@@ -25,6 +25,7 @@ struct StepState {
   std::vector<std::vector<int64_t>*> bins;
   std::vector<double> cost;
   std::vector<int64_t> load;
+  std::vector<std::pair<double, int64_t>> scratch;  // reused by improve_once: no allocation per call
 
   StepState(const int64_t* l, const std::vector<double>& c, int64_t cap)
       : lengths(l), costs(c), capacity(cap) {}
@@ -78,9 +79,15 @@ struct StepState {
     int64_t best_pj = -2;
     const auto& bm = *bins[m];
     const int64_t free_m = capacity - load[m];
-    std::vector<std::pair<double, int64_t>> sorted_t;  // (cost, position) of target's items
+    // Pruning that never changes the result (costs are >= 0): a move or swap of item i leaves bin m
+    // at >= top - ci, and a pair's larger bin is >= the pair's mean (a 1e-9 margin covers rounding).
+    double max_ci = 0;
+    for (int64_t i : bm) max_ci = std::max(max_ci, costs[static_cast<size_t>(i)]);
+    std::vector<std::pair<double, int64_t>>& sorted_t = scratch;  // (cost, position) of target's items
     for (size_t t = 0; t < bins.size(); ++t) {
+      if (top - max_ci >= best) break;  // best only falls: no later target can beat it either
       if (t == m || cost[t] >= top) continue;
+      if ((top + cost[t]) * 0.5 * (1 - 1e-9) >= best) continue;
       const int64_t free_t = capacity - load[t];
       const double half_gap = (top - cost[t]) / 2;
       auto& bt = *bins[t];
@@ -91,6 +98,7 @@ struct StepState {
       for (size_t pi = 0; pi < bm.size(); ++pi) {
         const int64_t i = bm[pi];
         const double ci = costs[static_cast<size_t>(i)];
+        if (top - ci >= best) continue;
         const int64_t li = lengths[i];
         if (li <= free_t && (fill_empty || !bt.empty())) {  // move i alone (into an empty row if allowed)
           const double pair_max = std::max(top - ci, cost[t] + ci);
@@ -215,6 +223,10 @@ Slots deal_in_order(const BinAssignment& bins, int64_t dp_size) {
 
 namespace {
 
+// From this many items the candidates run on two threads: each is then several milliseconds of
+// work, against tens of microseconds to start a thread. Their results never depend on it.
+constexpr size_t kBesideItems = size_t{1} << 14;
+
 double sum_of_step_maxima(const Slots& slots, const std::vector<double>& costs, size_t dp) {
   double sum = 0;
   for (size_t s = 0; s * dp < slots.size(); ++s) {
@@ -271,38 +283,42 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
   if (dp_size == 1) return by_bin;
   const size_t dp = static_cast<size_t>(dp_size);
 
-  // Candidate 2 (on a second thread when there is enough work): steps formed while packing. Kept
-  // if its sum of step maxima is lower, it has at most dp more non-empty rows than best fit, and its
-  // empty rows (if any) are all in one step.
-  // Candidate 3, on the same thread: the heavy tail planned first (see heavy_steps_first).
+  // Three candidate layouts; the one with the lowest sum of step maxima wins (ties: the earlier).
+  // Candidates 2 and 3 are kept only if they have at most dp more non-empty rows than best fit and
+  // their empty rows (if any) are all in one step. Candidate 3 (the costliest: up to four
+  // heavy_steps_first tries) runs on a second thread when there is enough work, 1 and 2 on this one.
   Slots grouped, heavy;
   bool grouped_ok = false, heavy_ok = false;
   const int64_t n = static_cast<int64_t>(costs.size());
   const size_t max_rows = static_cast<size_t>(bins.num_bins) + dp;  // non-empty rows allowed
+  // Candidate 2: steps formed while packing.
   auto make_grouped = [&] {
     grouped = group_best_fit(lengths, n, costs, capacity, dp_size, false, length_cost);
     grouped_ok = empty_rows_last(grouped, dp, max_rows);
     if (grouped_ok) polish(grouped, lengths, costs, capacity, dp, max_rows);
     grouped_ok = grouped_ok && empty_rows_last(grouped, dp, max_rows);  // moves may fill empty rows
+  };
+  // Candidate 3: the heavy tail planned first (see heavy_steps_first).
+  auto make_heavy = [&] {
     // Each heavy step's leading row takes short items that best fit would use to close gaps, so many
     // heavy steps can cost a row or two over max_rows: then fewer heavy steps (their items join the
     // bulk), the most that fit. The first steps hold nearly all of the gain.
     size_t limit = SIZE_MAX;
     for (int attempt = 0; attempt < 4; ++attempt) {
       size_t used = 0;
-      heavy = heavy_steps_first(lengths, n, costs, capacity, dp_size, limit, &used);
-      if (heavy.empty()) break;
-      heavy_ok = empty_rows_last(heavy, dp, max_rows);
+      bool over = false;  // too many rows: known before the bulk is finished
+      heavy = heavy_steps_first(lengths, n, costs, capacity, dp_size, limit, &used, max_rows, &over);
+      if (heavy.empty() && !over) break;
+      heavy_ok = !over && empty_rows_last(heavy, dp, max_rows);
       if (heavy_ok || used <= 1) break;
       limit = used * 3 / 4;
     }
     if (heavy_ok) polish(heavy, lengths, costs, capacity, dp, max_rows);
     heavy_ok = heavy_ok && empty_rows_last(heavy, dp, max_rows);
   };
-  // Candidate 1 (here, while candidates 2 and 3 run beside it): best-fit bins sorted by cost, dp
-  // consecutive bins per step.
+  // Candidate 1: best-fit bins sorted by cost, dp consecutive bins per step.
   Slots slots(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
-  run_beside(costs.size() >= 200000, make_grouped, [&] {
+  auto make_sorted = [&] {
     std::vector<double> cost(by_bin.size());
     for (size_t b = 0; b < by_bin.size(); ++b) cost[b] = bin_cost(by_bin[b], costs);
     std::vector<size_t> order(by_bin.size());
@@ -310,6 +326,10 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
     for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
     polish(slots, lengths, costs, capacity, dp, max_rows);
+  };
+  run_beside(costs.size() >= kBesideItems, make_heavy, [&] {
+    make_sorted();
+    make_grouped();
   });
   if (grouped_ok && sum_of_step_maxima(grouped, costs, dp) < sum_of_step_maxima(slots, costs, dp))
     slots = std::move(grouped);

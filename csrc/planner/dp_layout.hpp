@@ -1,6 +1,7 @@
 // Lays bins out step-major for data parallelism: slot s*dp_size + r is rank r's row at step s,
 // and every step has exactly dp_size slots (the last step is padded with empty bins).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "plan_types.hpp"
@@ -26,14 +27,20 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
 // largest free space fits it most tightly, and there into the cheapest bin with room (with
 // tight_small, items of at most capacity/64 tokens into the fullest bin with room). Step-major.
 // length_cost: when costs[i] == (*length_cost)(lengths[i]) for every item (no per-item reads).
+// max_rows: gives up (returns empty, *over_rows = true) as soon as more rows than that are non-empty
+// (rows only fill up, so the finished layout would have too many; callers that would reject it
+// then save the rest of the work).
 Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
-                     int64_t dp_size, bool tight_small = false, const CostModel* length_cost = nullptr);
+                     int64_t dp_size, bool tight_small = false, const CostModel* length_cost = nullptr,
+                     size_t max_rows = SIZE_MAX, bool* over_rows = nullptr);
 
 // The heavy tail first: items longer than capacity/2, sorted, dp per step (at most max_heavy_steps
 // such steps; how many were made goes to *heavy_steps_made); each step's leading row takes the
 // shortest items and the others fillers up to the leading row's cost; the rest by group_best_fit.
-// Empty when it does not apply (too few long items, costs not monotone in length).
+// Empty when it does not apply (too few long items, costs not monotone in length), and empty with
+// *over_rows = true once it is sure to have more than max_rows non-empty rows.
 Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
-                        int64_t dp_size, size_t max_heavy_steps = SIZE_MAX, size_t* heavy_steps_made = nullptr);
+                        int64_t dp_size, size_t max_heavy_steps = SIZE_MAX, size_t* heavy_steps_made = nullptr,
+                        size_t max_rows = SIZE_MAX, bool* over_rows = nullptr);
 
 }  // namespace packkit

@@ -51,7 +51,10 @@ Sorted longest_first(const int64_t* lengths, int64_t n, int64_t capacity) {
 }  // namespace
 
 Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
-                     int64_t dp_size, bool tight_small, const CostModel* length_cost) {
+                     int64_t dp_size, bool tight_small, const CostModel* length_cost, size_t max_rows,
+                     bool* over_rows) {
+  if (over_rows) *over_rows = false;
+  size_t rows = 0;  // non-empty
   const size_t dp = static_cast<size_t>(dp_size);
   const Sorted sorted = longest_first(lengths, n, capacity);
   const Int32Buffer& order = sorted.order;
@@ -89,6 +92,7 @@ Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double
     if (g < 0) {
       g = static_cast<int64_t>(slots.size() / dp);
       slots.resize(slots.size() + dp);
+      for (size_t r = slots.size() - dp; r < slots.size(); ++r) slots[r].reserve(8);  // one allocation per row, mostly
       load.resize(slots.size(), 0);
       cost.resize(slots.size(), 0.0);
       next_group.push_back(-1);
@@ -96,17 +100,27 @@ Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double
     const size_t lo = static_cast<size_t>(g) * dp;
     size_t best = lo;
     bool have = false;
+    // The group's two least loads, found in the same pass: its largest free space after the
+    // placement follows without a second pass over the group.
+    int64_t min1 = capacity + 1, min2 = capacity + 1;
+    size_t arg1 = lo;
     for (size_t r = lo; r < lo + dp; ++r) {
-      if (capacity - load[r] < len) continue;
+      const int64_t lr = load[r];
+      if (lr < min1) min2 = min1, min1 = lr, arg1 = r;
+      else if (lr < min2) min2 = lr;
+      if (capacity - lr < len) continue;
       const bool better = tight_small && len <= capacity / kSmall ? load[r] > load[best]
                                        : cost[r] < cost[best] || (cost[r] == cost[best] && load[r] < load[best]);
       if (!have || better) best = r, have = true;
     }
+    if (slots[best].empty() && ++rows > max_rows) {
+      if (over_rows) *over_rows = true;
+      return {};
+    }
     slots[best].push_back(item);
     load[best] += len;
     cost[best] += item_cost;
-    int64_t most_free = 0;
-    for (size_t r = lo; r < lo + dp; ++r) most_free = std::max(most_free, capacity - load[r]);
+    const int64_t most_free = capacity - (best == arg1 ? std::min(min2, load[best]) : min1);
     if (most_free <= 0) continue;  // full groups are never searched again
     if (dense) {
       next_group[static_cast<size_t>(g)] = head[static_cast<size_t>(most_free)];

@@ -63,7 +63,9 @@ class Pool {
 }  // namespace
 
 Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<double>& costs, int64_t capacity,
-                        int64_t dp_size, size_t max_heavy_steps, size_t* heavy_steps_made) {
+                        int64_t dp_size, size_t max_heavy_steps, size_t* heavy_steps_made, size_t max_rows,
+                        bool* over_rows) {
+  if (over_rows) *over_rows = false;
   const size_t dp = static_cast<size_t>(dp_size);
   if (capacity > std::max<int64_t>(int64_t{1} << 22, 8 * n)) return {};  // per-length tables too large
   // Costs must not fall as length grows: the filler search walks lengths down to lower the cost.
@@ -100,6 +102,10 @@ Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<dou
   const size_t heavy = std::min(big.size() / dp, max_heavy_steps);
   if (heavy == 0 || other.empty()) return {};
   if (heavy_steps_made) *heavy_steps_made = heavy;
+  if (heavy * dp > max_rows) {  // every heavy row holds a long item
+    if (over_rows) *over_rows = true;
+    return {};
+  }
   for (size_t k = heavy * dp; k < big.size(); ++k) other.push_back(big[k]);
   std::sort(other.begin(), other.end());
   Pool pool(lengths, other, capacity);
@@ -164,7 +170,8 @@ Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<dou
     rest_costs[k] = costs[static_cast<size_t>(rest[k])];
   }
   Slots bulk = group_best_fit(rest_lengths.data(), static_cast<int64_t>(rest.size()), rest_costs, capacity, dp_size,
-                              /*tight_small=*/true);
+                              /*tight_small=*/true, nullptr, max_rows - heavy * dp, over_rows);
+  if (over_rows && *over_rows) return {};
   for (auto& row : bulk) {
     for (auto& k : row) k = rest[static_cast<size_t>(k)];
     slots.push_back(std::move(row));
