@@ -11,6 +11,7 @@
 # venv 1.7 GB. pydantic (the plugin's schema keys) comes with transformers' dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source .ci/trainers/lib.sh
 VENV=.venv-axolotl
 PY="$VENV/bin/python"
 start=$(date +%s)
@@ -19,12 +20,12 @@ python3 -m venv "$VENV"
   datasets==4.8.4 numba==0.68.1 numpy pybind11 scikit-build-core cmake ninja pytest hypothesis
 "$VENV/bin/pip" install -q --no-deps axolotl==0.19.0 pillow==11.3.0 addict==2.4.0 colorama==0.4.6 posthog==6.7.11 \
   six==1.17.0 backoff==2.2.1 distro==1.9.0
-"$VENV/bin/pip" install -q --no-build-isolation -e .
+install_packkit "$VENV"
 echo "axolotl venv ready in $(( $(date +%s) - start )) s"
-"$PY" -m pytest -q -p no:cacheprovider tests/test_axolotl_sampler.py tests/test_axolotl_plugin.py
+"$PY" -P -m pytest -q -p no:cacheprovider tests/test_axolotl_sampler.py tests/test_axolotl_plugin.py
 # The benchmark's axolotl script on 5,000 lengths (the contract's JSON rows; nothing kept).
 smoke=$(mktemp -d)
-"$PY" -c "import numpy as np; np.save('$smoke/l.npy', np.clip(np.round(np.exp(np.random.default_rng(0).normal(np.log(800), 0.932, 5000))), 16, 8192).astype(np.int64))"
+"$PY" -P -c "import numpy as np; np.save('$smoke/l.npy', np.clip(np.round(np.exp(np.random.default_rng(0).normal(np.log(800), 0.932, 5000))), 16, 8192).astype(np.int64))"
 "$PY" benchmarks/trainers/axolotl.py --lengths "$smoke/l.npy" --capacity 8192 --dp-size 8 --hidden 4096 \
   --out "$smoke/out.json" --repeats 1
 rm -rf "$smoke"

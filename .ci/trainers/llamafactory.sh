@@ -8,9 +8,10 @@
 #   library fails to load), which break `import transformers`' model classes: both are uninstalled;
 # - llamafactory/data/mm_plugin.py imports torchaudio at module level: a stub package stands in for it (audio inputs,
 #   which packkit's tests do not use, fail loudly at first use).
-# packkit is built into this venv (editable, its own build dir so the main venv's build is not reconfigured).
+# packkit: see .ci/trainers/lib.sh (the main build's wheel, or an editable build of its own).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source .ci/trainers/lib.sh
 VENV=.venv-llamafactory
 start=$(date +%s)
 rm -rf "$VENV"
@@ -18,7 +19,7 @@ python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q llamafactory==0.9.5 torch==2.13.0 transformers==5.6.0 datasets==4.0.0 accelerate==1.11.0 \
     peft==0.18.1 trl==0.24.0 numpy pybind11 scikit-build-core cmake ninja pytest hypothesis
 "$VENV/bin/pip" uninstall -y -q torchvision torchaudio
-site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+site=$("$VENV/bin/python" -P -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 mkdir -p "$site/torchaudio"
 cat > "$site/torchaudio/__init__.py" <<'EOF'
 """Stand-in for torchaudio in packkit's LLaMA-Factory CI venv (.ci/trainers/llamafactory.sh): no torchaudio wheel
@@ -29,14 +30,14 @@ __version__ = "0.0.0+packkit.stub"
 def __getattr__(name):
     raise ImportError(f"torchaudio.{name}: torchaudio is a stub in this venv (no wheel for CPU torch 2.13)")
 EOF
-"$VENV/bin/pip" install -q --no-build-isolation -e . --config-settings=build-dir=build/llamafactory-{wheel_tag}
+install_packkit "$VENV"
 # scikit-build-core's editable .pth also puts the clone's PARENT folder on sys.path; any folder there named like a
 # package becomes an importable namespace package (a /tmp/ray session folder made llamafactory's is_ray_available()
 # true, then `import ray.util` failed). packkit imports without that line; drop it.
 parent=$(cd .. && pwd)
-sed -i "\|^${parent}\$|d" "$site/_editable_skbc_packkit.pth"
-"$VENV/bin/python" -c "import torch, transformers, llamafactory.data.collator, packkit; \
+[ -f "$site/_editable_skbc_packkit.pth" ] && sed -i "\|^${parent}\$|d" "$site/_editable_skbc_packkit.pth"
+"$VENV/bin/python" -P -c "import torch, transformers, llamafactory.data.collator, packkit; \
 print('llamafactory venv: torch', torch.__version__, 'transformers', transformers.__version__)"
 echo "llamafactory venv ready in $(( $(date +%s) - start )) s"
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_llamafactory.py tests/test_llamafactory_rows.py
+"$VENV/bin/python" -P -m pytest -q -p no:cacheprovider tests/test_llamafactory.py tests/test_llamafactory_rows.py
 echo "llamafactory stage: $(( $(date +%s) - start )) s"

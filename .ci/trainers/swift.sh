@@ -12,9 +12,10 @@
 # the template collator, get_model_processor, BatchSamplerShard and swift.pipelines.train import is much less:
 # ms-swift and binpacking with --no-deps, plus the pins below (ms-swift pins transformers < 5.20, datasets < 4.8.5,
 # peft < 0.21). torch is pinned in the same pip call so it stays the CPU 2.13.0 wheel.
-# packkit is built into this venv (editable, its own build dir so the main venv's build is not reconfigured).
+# packkit: see .ci/trainers/lib.sh (the main build's wheel, or an editable build of its own).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source .ci/trainers/lib.sh
 VENV=.venv-swift
 start=$(date +%s)
 rm -rf "$VENV"
@@ -24,15 +25,15 @@ python3 -m venv "$VENV"
     pytest hypothesis
 "$VENV/bin/pip" install -q --no-deps ms-swift==4.6.0 binpacking==2.0.1
 echo "swift venv: packages installed in $(( $(date +%s) - start )) s"
-"$VENV/bin/pip" install -q --no-build-isolation -e . --config-settings=build-dir=build/swift-{wheel_tag}
+install_packkit "$VENV"
 # Run from the repository root: a stray ./ray or ./swift folder would shadow the packages (namespace packages).
-"$VENV/bin/python" -c "import torch, transformers, swift.dataset.packing, swift.pipelines.train, packkit; \
+"$VENV/bin/python" -P -c "import torch, transformers, swift.dataset.packing, swift.pipelines.train, packkit; \
 print('swift venv: torch', torch.__version__, 'transformers', transformers.__version__, 'ms-swift', swift.__version__)"
 echo "swift venv ready in $(( $(date +%s) - start )) s"
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_swift.py tests/test_swift_layout.py
+"$VENV/bin/python" -P -m pytest -q -p no:cacheprovider tests/test_swift.py tests/test_swift_layout.py
 # The benchmark script on 20,000 seed-001-profile lengths (its full run: benchmarks/bench_trainers.py --trainers swift).
 tmp=$(mktemp -d)
-"$VENV/bin/python" -c "import numpy as np; r = np.random.default_rng(0); \
+"$VENV/bin/python" -P -c "import numpy as np; r = np.random.default_rng(0); \
 np.save('$tmp/l.npy', np.clip(np.round(np.exp(r.normal(np.log(864), 0.932, 20000))), 16, 20000).astype(np.int64))"
 "$VENV/bin/python" benchmarks/trainers/swift.py --lengths "$tmp/l.npy" --capacity 20000 --dp-size 8 --hidden 4096 \
     --out "$tmp/out.json" --repeats 1
