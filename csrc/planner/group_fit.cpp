@@ -100,6 +100,9 @@ Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double
     const size_t lo = static_cast<size_t>(g) * dp;
     size_t best = lo;
     bool have = false;
+    const bool by_load = tight_small && len <= capacity / kSmall;
+    double best_cost = 0;  // of row `best`, kept out of memory in the scan
+    int64_t best_load = 0;
     // The group's two least loads, found in the same pass: its largest free space after the
     // placement follows without a second pass over the group.
     int64_t min1 = capacity + 1, min2 = capacity + 1;
@@ -109,9 +112,9 @@ Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double
       if (lr < min1) min2 = min1, min1 = lr, arg1 = r;
       else if (lr < min2) min2 = lr;
       if (capacity - lr < len) continue;
-      const bool better = tight_small && len <= capacity / kSmall ? load[r] > load[best]
-                                       : cost[r] < cost[best] || (cost[r] == cost[best] && load[r] < load[best]);
-      if (!have || better) best = r, have = true;
+      const double cr = cost[r];
+      const bool better = by_load ? lr > best_load : cr < best_cost || (cr == best_cost && lr < best_load);
+      if (!have || better) best = r, best_cost = cr, best_load = lr, have = true;
     }
     if (slots[best].empty() && ++rows > max_rows) {
       if (over_rows) *over_rows = true;

@@ -106,8 +106,11 @@ Slots heavy_steps_first(const int64_t* lengths, int64_t n, const std::vector<dou
     if (over_rows) *over_rows = true;
     return {};
   }
+  // other is in index order; sort the big items appended to it and merge (not a full sort).
+  const auto appended = static_cast<std::ptrdiff_t>(other.size());
   for (size_t k = heavy * dp; k < big.size(); ++k) other.push_back(big[k]);
-  std::sort(other.begin(), other.end());
+  std::sort(other.begin() + appended, other.end());
+  std::inplace_merge(other.begin(), other.begin() + appended, other.end());
   Pool pool(lengths, other, capacity);
 
   Slots slots(heavy * dp);
