@@ -196,3 +196,14 @@ def write_rows(rows: list[dict], out: Path) -> None:
             raise ValueError(f"result row {row.get('method')!r} lacks {missing}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def run(description: str, own_row, packkit_row) -> None:
+    """A trainer script's whole run: its own planner's row and packkit's on the same lengths, written and printed."""
+    args = parse_args(description)
+    lengths = load_lengths(args.lengths)
+    rows = [fn(lengths, args.capacity, args.dp_size, args.hidden, args.repeats) for fn in (own_row, packkit_row)]
+    write_rows(rows, args.out)
+    for row in rows:
+        print({k: row[k] for k in ("method", "rows", "steps", "efficiency", "balance", "plan_seconds",
+                                   "trained_samples")})

@@ -25,8 +25,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
-from trainers.common import (cost_pair, deal_round_robin, load_lengths, median_seconds, parse_args,  # noqa: E402
-                             result_row, write_rows)
+from trainers.common import cost_pair, deal_round_robin, median_seconds, result_row, run  # noqa: E402
 
 CHUNK = 1000  # DataArguments.preprocessing_batch_size's default: the examples one greedy_knapsack call sees
 SEED = 42  # Seq2SeqTrainingArguments.seed's default (the RandomSampler's generator)
@@ -84,13 +83,7 @@ def packkit_row(lengths, capacity, dp_size, hidden, repeats):
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
-    lengths = load_lengths(args.lengths)
-    rows = [llamafactory_row(lengths, args.capacity, args.dp_size, args.hidden, args.repeats),
-            packkit_row(lengths, args.capacity, args.dp_size, args.hidden, args.repeats)]
-    write_rows(rows, args.out)
-    for row in rows:
-        print({k: row[k] for k in ("method", "rows", "steps", "efficiency", "balance", "plan_seconds")})
+    run(__doc__.splitlines()[0], llamafactory_row, packkit_row)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
-from trainers.common import cost_pair, load_lengths, median_seconds, parse_args, result_row, write_rows  # noqa: E402
+from trainers.common import cost_pair, median_seconds, result_row, run  # noqa: E402
 
 SEED = 42  # ms-swift's default data_seed
 
@@ -87,14 +87,7 @@ def packkit_row(lengths, capacity, dp_size, hidden, repeats):
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
-    lengths = load_lengths(args.lengths)
-    rows = [swift_row(lengths, args.capacity, args.dp_size, args.hidden, args.repeats),
-            packkit_row(lengths, args.capacity, args.dp_size, args.hidden, args.repeats)]
-    write_rows(rows, args.out)
-    for row in rows:
-        print({k: row[k] for k in ("method", "rows", "steps", "efficiency", "balance", "plan_seconds",
-                                   "trained_samples")})
+    run(__doc__.splitlines()[0], swift_row, packkit_row)
 
 
 if __name__ == "__main__":
