@@ -79,17 +79,29 @@ def _scores(qi, ki, scale, softcap, causal, limits):
     return s if seen is None else s.masked_fill(~seen, float("-inf"))
 
 
+def _padded(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x if x.shape[-1] == dim else torch.nn.functional.pad(x, (0, dim - x.shape[-1]))
+
+
 def varlen_forward(q, k, v, p, scale: float, softcap: Optional[float] = None, window: Optional[int] = None,
                    chunk: Optional[int] = None):
-    """``(out [T, H, D], lse [H, T])`` of one pass ``p`` (a :class:`Spans`, or anything with its fields); lse is
-    fp32 (fp64 for fp64 inputs); a query with no key gets out 0 and lse -inf."""
+    """``(out [T, H, Dv], lse [H, T])`` of one pass ``p`` (a :class:`Spans`, or anything with its fields); lse is
+    fp32 (fp64 for fp64 inputs); a query with no key gets out 0 and lse -inf. ``Dv`` may differ from the query /
+    key head size (MLA: DeepSeek-V3, Kimi-K2)."""
     limits = _check_limits(p.causal, window, chunk)
-    if _use_flash(q, softcap, limits):
-        out, lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, 0.0,
-                                                              p.causal, False, scale=scale)
-        return out, lse
-    if _use_cpu_kernel(q, softcap):
-        return cpu_forward(q, k, v, p, scale, limits)
+    if _use_flash(q, softcap, limits) or _use_cpu_kernel(q, softcap):
+        dv = v.shape[-1]
+        if dv != q.shape[-1]:
+            # The fused kernels take one head size: zero columns add nothing to Q K^T (the scale is passed, not
+            # derived from the padded size) and give zero output columns, which are cut off.
+            d = max(q.shape[-1], dv)
+            q, k, v = _padded(q, d), _padded(k, d), _padded(v, d)
+        if _use_flash(q, softcap, limits):
+            out, lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, 0.0,
+                                                                  p.causal, False, scale=scale)
+        else:
+            out, lse = cpu_forward(q, k, v, p, scale, limits)
+        return out[..., :dv], lse
     acc = acc_dtype(q)
     t, h, _ = q.shape
     out = torch.zeros(t, h, v.shape[-1], dtype=q.dtype, device=q.device)
@@ -107,13 +119,20 @@ def varlen_backward(dout, q, k, v, out, lse, p, scale: float, softcap: Optional[
     """``(dq, dk, dv)`` of one pass given the (merged / sink-folded) ``out`` and ``lse``; ``lse = +inf`` for a
     query whose gradient this pass must not take (its probabilities become 0)."""
     limits = _check_limits(p.causal, window, chunk)
-    if _use_flash(q, softcap, limits):
-        empty = torch.empty(0, device=q.device)
-        rng = torch.zeros(2, dtype=torch.int64, device=q.device)
-        return torch.ops.aten._flash_attention_backward(dout, q, k, v, out, lse.float(), p.cu_q, p.cu_k, p.max_q,
-                                                        p.max_k, 0.0, p.causal, rng, empty, scale=scale)
-    if _use_cpu_kernel(q, softcap):  # the fused CPU flash backward, given out and lse
-        return cpu_backward(dout, q, k, v, out, lse, p, scale, limits)
+    if _use_flash(q, softcap, limits) or _use_cpu_kernel(q, softcap):
+        d_qk, d_v = q.shape[-1], v.shape[-1]
+        if d_v != d_qk:  # MLA, as in varlen_forward: zero columns of dout and out add nothing to rowsum(dout * out)
+            d = max(d_qk, d_v)
+            dout, q, k, v, out = (_padded(x, d) for x in (dout, q, k, v, out))
+        if _use_flash(q, softcap, limits):
+            empty = torch.empty(0, device=q.device)
+            rng = torch.zeros(2, dtype=torch.int64, device=q.device)
+            dq, dk, dv = torch.ops.aten._flash_attention_backward(dout, q, k, v, out, lse.float(), p.cu_q, p.cu_k,
+                                                                  p.max_q, p.max_k, 0.0, p.causal, rng, empty,
+                                                                  scale=scale)
+        else:  # the fused CPU flash backward, given out and lse
+            dq, dk, dv = cpu_backward(dout, q, k, v, out, lse, p, scale, limits)
+        return dq[..., :d_qk], dk[..., :d_qk], dv[..., :d_v]
     acc = acc_dtype(q)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=q.device)

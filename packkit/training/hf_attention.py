@@ -192,8 +192,13 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         out = _cpu_kernel(q, k, v, cu_seq_lens_q, cu_k, int(max_length_q), int(max_k), scale, causal,
                           softcap=softcap, sink=s_aux, **limits)
     else:
+        d_v = v.shape[-1]
+        if d_v != dim:  # MLA (DeepSeek-V3, Kimi-K2): FlashAttention takes one head size; zero columns add nothing
+            scaling = dim ** -0.5 if scaling is None else float(scaling)  # of the real query size, not the padded
+            width = max(dim, d_v)
+            q, k, v = (torch.nn.functional.pad(x, (0, width - x.shape[-1])) for x in (q, k, v))
         out = _varlen_kernel()(q, k, v, cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32), int(max_length_q),
-                               int(max_k), scaling, causal, **limits)
+                               int(max_k), scaling, causal, **limits)[..., :d_v]
     return out.reshape(batch, length, heads, out.shape[-1]), None
 
 
