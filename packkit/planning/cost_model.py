@@ -68,10 +68,17 @@ def _positive_int(value, name: str) -> int:
     return int(value)
 
 
+def _has_transformers() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
+
+
 def transformer_cost(config=None, *, hidden_size=None, num_layers=None, intermediate_size=None, num_heads=None,
                      num_kv_heads=None, vocab_size=None, head_dim=None, gated_mlp: bool = True,
-                     include_lm_head: bool = True) -> tuple[float, float]:
-    """``(a, b)``: training FLOPs of one document of ``l`` tokens are ``a * l + b * l**2``.
+                     include_lm_head: bool = True):
+    """``(a, b)``: training FLOPs of one document of ``l`` tokens are ``a * l + b * l**2`` (or a per-document
+    cost callable for architectures no pair describes: below).
 
     Args:
         config: a transformers ``PretrainedConfig`` (or its ``to_dict()``), e.g. ``LlamaConfig``;
@@ -86,17 +93,30 @@ def transformer_cost(config=None, *, hidden_size=None, num_layers=None, intermed
 
     The derivation is in this module's docstring. Raises TypeError/ValueError naming a missing or
     invalid figure.
+
+    With a config (and transformers installed) the model itself is counted, built on the ``meta`` device
+    (``packkit.planning.arch_cost``): MoE layers at their active experts, MLA at its query/key and value head
+    sizes, every matmul weight the architecture has. The result is ``(a, b)`` when every layer is full causal
+    attention, else a :class:`~packkit.planning.arch_cost.DocumentCost` (sliding-window, chunked,
+    linear-attention / state-space layers: no single quadratic), a callable to pass as ``cost=`` the same way.
     """
-    fields = _read_config(config) if config is not None else {}
     given = {"hidden_size": hidden_size, "num_layers": num_layers, "intermediate_size": intermediate_size,
              "num_heads": num_heads, "num_kv_heads": num_kv_heads, "vocab_size": vocab_size, "head_dim": head_dim}
+    for flag, name in ((gated_mlp, "gated_mlp"), (include_lm_head, "include_lm_head")):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
+    if config is not None and _has_transformers():
+        if not gated_mlp:
+            raise ValueError("gated_mlp applies to the keyword form; with a config the model's own MLP is counted")
+        overrides = {_FIELDS[k]: _positive_int(v, k) for k, v in given.items() if v is not None}
+        from .arch_cost import architecture_cost
+
+        return architecture_cost(config, overrides, include_lm_head)
+    fields = _read_config(config) if config is not None else {}
     fields.update({k: v for k, v in given.items() if v is not None})
     missing = [k for k in _REQUIRED if k not in fields]
     if missing:
         raise ValueError(f"transformer_cost needs {', '.join(missing)} (from config= or as keywords)")
-    for flag, name in ((gated_mlp, "gated_mlp"), (include_lm_head, "include_lm_head")):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
     h = _positive_int(fields["hidden_size"], "hidden_size")
     layers = _positive_int(fields["num_layers"], "num_layers")
     f = _positive_int(fields["intermediate_size"], "intermediate_size")

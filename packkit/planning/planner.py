@@ -291,8 +291,10 @@ def _cost_model(cost: CostSpec):
     if hasattr(cost, "hidden_size") or hasattr(cost, "text_config"):  # a transformers config
         from .cost_model import transformer_cost
 
-        return (*transformer_cost(cost), None)
-    if callable(cost):
+        cost = transformer_cost(cost)
+        if not callable(cost):  # (a, b): every layer full attention
+            return (*cost, None)
+    if callable(cost):  # a DocumentCost of transformer_cost too
         def item_costs(item_lengths: np.ndarray) -> np.ndarray:
             values = np.asarray(cost(item_lengths), dtype=np.float64)
             if values.shape != item_lengths.shape:

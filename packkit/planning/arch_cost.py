@@ -1,0 +1,264 @@
+"""The training FLOPs of one document, per architecture: what :func:`packkit.transformer_cost` returns for a model
+config whose cost is not one dense ``a * l + b * l**2``.
+
+Two parts, forward + backward = 3 x forward (as ``cost_model``):
+
+* **Per token** (``linear``): every matmul weight a token goes through, counted on the model itself, built from the
+  config on the ``meta`` device (no memory, no data): ``nn.Linear`` / GPT-2 ``Conv1D`` weights, convolutions
+  (``weight.numel()`` multiply-adds per token: short convolutions of SSM / linear-attention layers), and routed
+  experts at ``top_k / num_experts`` of their weights (each token goes through ``top_k`` of them; shared experts
+  and routers in full). MLA's low-rank projections are ordinary Linears here. Plus, per recurrent layer, its
+  state update in recurrent form (below). Embedding lookups, norms and activations are not matmuls (left out).
+* **Per (query, key) pair** of each attention layer: ``6 * n_heads * (d_qk + d_v)`` FLOPs (``Q K^T`` and ``P V``),
+  times the pairs the layer's mask lets a document of ``l`` tokens compute — full causal ``l (l + 1) / 2``, a
+  sliding window ``w`` (a query sees keys less than ``w`` back, transformers' rule) ``sum_i min(i + 1, w)``, chunks
+  of ``c`` (Llama 4) the full count of each chunk; linear-attention and state-space layers have none.
+
+Recurrent layers, per token and head: Gated DeltaNet (Qwen3.5, Qwen3-Next: ``linear_num_value_heads``,
+``linear_key_head_dim`` ``d_k``, ``linear_value_head_dim`` ``d_v``) in the chunked form its kernels run (fla's, and
+transformers' torch fallback: chunks of ``C = 64``), ``C * (2 d_k + d_v)`` multiply-adds within the chunk and
+``3 d_k d_v`` through the state; Mamba 2 (``mamba_n_heads`` / ``mamba_num_heads``, ``mamba_d_head`` /
+``mamba_head_dim``, ``mamba_d_state`` / ``ssm_state_size``) in its recurrent form, ``3 d_head d_state`` (decay and
+write, read-out). A layer type this module has no count for, or a missing figure, raises ``ValueError`` naming it (never a silent dense count).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+
+import numpy as np
+
+_ATTENTION = {"full_attention": "full", "attention": "full", "global": "full", "sliding_attention": "window",
+              "local": "window", "chunked_attention": "chunk"}
+_LINEAR_ATTENTION = {"linear_attention"}
+_MAMBA = {"mamba", "mamba2", "ssm"}
+_CONV = {"conv"}  # LFM2 short convolutions: their weights are all their cost
+_TOP_K = ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k", "moe_top_k")
+_NUM_EXPERTS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+
+
+def _first(config, names, what: str, required: bool = True):
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    if required:
+        raise ValueError(f"transformer_cost needs {what} ({' / '.join(names)}) of a "
+                         f"{getattr(config, 'model_type', 'model')} config; it has none")
+    return None
+
+
+def layer_kinds(config) -> list:
+    """Each decoder layer's kind and limit: ``("full", None)``, ``("window", w)``, ``("chunk", c)``,
+    ``("linear_attention", None)`` or ``("mamba", None)``."""
+    layers = int(_first(config, ("num_hidden_layers", "n_layer", "num_layers"), "the layer count"))
+    types = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None)
+    if not types:
+        window = getattr(config, "sliding_window", None)
+        sliding = window is not None and getattr(config, "use_sliding_window", True) is not False
+        types = ["sliding_attention" if sliding else "full_attention"] * layers
+    if len(types) != layers:
+        raise ValueError(f"config.layer_types has {len(types)} entries for {layers} layers")
+    kinds = []
+    for t in types:
+        t = str(t)
+        if t in _ATTENTION:
+            kind = _ATTENTION[t]
+            limit = None
+            if kind == "window":
+                limit = _first(config, ("sliding_window",), "the sliding window")
+            elif kind == "chunk":
+                limit = _first(config, ("attention_chunk_size",), "the attention chunk size")
+            kinds.append((kind, None if limit is None else int(limit)))
+        elif t in _LINEAR_ATTENTION:
+            kinds.append(("linear_attention", None))
+        elif t in _MAMBA:
+            kinds.append(("mamba", None))
+        elif t in _CONV:
+            kinds.append(("conv", None))
+        else:
+            raise ValueError(f"transformer_cost has no count for layer type {t!r} "
+                             f"({getattr(config, 'model_type', 'model')}); pass a cost callable")
+    return kinds
+
+
+def pairs(kind: str, limit, lengths: np.ndarray) -> np.ndarray:
+    """(query, key) pairs one layer of ``kind`` computes for documents of ``lengths`` tokens (causal)."""
+    l = np.asarray(lengths, dtype=np.float64)
+    if kind == "full":
+        return l * (l + 1) / 2
+    if kind == "window":  # sum_i min(i + 1, w)
+        w = float(limit)
+        inside = np.minimum(l, w)
+        return inside * (inside + 1) / 2 + np.maximum(l - w, 0) * w
+    if kind == "chunk":
+        c = float(limit)
+        full, rest = np.floor(l / c), np.mod(l, c)
+        return full * c * (c + 1) / 2 + rest * (rest + 1) / 2
+    return np.zeros_like(l)
+
+
+def _head_sizes(config) -> tuple:
+    heads = int(_first(config, ("num_attention_heads", "n_head"), "the attention head count"))
+    if getattr(config, "kv_lora_rank", None) is not None:  # MLA: query/key heads of nope + rope parts
+        d_qk = int(_first(config, ("qk_nope_head_dim",), "the MLA no-rope head size")) + int(
+            _first(config, ("qk_rope_head_dim",), "the MLA rope head size"))
+        return heads, d_qk, int(_first(config, ("v_head_dim",), "the MLA value head size"))
+    d = getattr(config, "head_dim", None)
+    if d is None:
+        d = int(_first(config, ("hidden_size", "n_embd"), "the hidden size")) // heads
+    return heads, int(d), int(d)
+
+
+_DELTA_CHUNK = 64
+
+
+def _recurrent_flops(config, kind: str) -> float:
+    """Training FLOPs per token of one recurrent layer's token mixing (module docstring)."""
+    if kind == "linear_attention":
+        heads = int(_first(config, ("linear_num_value_heads",), "the linear-attention value heads"))
+        d_k = int(_first(config, ("linear_key_head_dim",), "the linear-attention key head size"))
+        d_v = int(_first(config, ("linear_value_head_dim",), "the linear-attention value head size"))
+        macs = _DELTA_CHUNK * (2 * d_k + d_v) + 3 * d_k * d_v
+    else:
+        heads = int(_first(config, ("mamba_n_heads", "mamba_num_heads"), "the Mamba head count"))
+        d_state = int(_first(config, ("mamba_d_state", "ssm_state_size", "state_size"), "the Mamba state size"))
+        d_head = int(_first(config, ("mamba_d_head", "mamba_head_dim"), "the Mamba head size"))
+        macs = 3 * d_head * d_state
+    return 3.0 * 2 * heads * macs
+
+
+def _build_meta(config):
+    """The model of ``config`` on the meta device (its causal LM, else its base model: no LM head counted)."""
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        try:
+            return transformers.AutoModelForCausalLM.from_config(config), True
+        except ValueError:  # no causal-LM class for this (text) config: the base model
+            return transformers.AutoModel.from_config(config), False
+
+
+def _matmul_weights(model, top_k, num_experts, include_lm_head: bool) -> float:
+    """Multiply-adds per token through ``model``'s matmul weights (module docstring): every 2-D weight outside an
+    embedding (Linears, GPT-2 Conv1D, MoE routers), every convolution, and routed experts' 3-D weights."""
+    import torch
+
+    total = 0.0
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        if isinstance(module, torch.nn.Embedding) or (not include_lm_head and parts[-1] == "lm_head"):
+            continue
+        routed = "experts" in parts
+        for pname, param in module.named_parameters(recurse=False):
+            if param.dim() == 2 or isinstance(module, torch.nn.Conv1d) and pname == "weight":
+                n = float(param.numel())
+            elif param.dim() == 3 and routed:  # fused experts: [E, out, in]
+                if not num_experts or param.shape[0] != num_experts:
+                    raise ValueError(f"{name}.{pname}: expert weights of shape {tuple(param.shape)} but the config "
+                                     f"has {num_experts} experts")
+                n = float(param.numel())
+            else:
+                continue
+            total += n * top_k / num_experts if routed and num_experts else n
+    return total
+
+
+class DocumentCost:
+    """Training FLOPs of documents: ``cost(lengths)`` -> one float64 per length (``lengths``: an int array, as the
+    planners call a cost callable). ``linear`` FLOPs per token, plus each attention layer's pairs times its
+    ``pair_flops``. Pass it as ``cost=`` to :func:`packkit.plan` and the samplers. Not an ``(a, b)`` pair: windowed,
+    chunked and recurrent layers make the cost no single quadratic (``iter`` raises TypeError saying so)."""
+
+    def __init__(self, model_type: str, linear: float, layers: list):
+        self.model_type = model_type
+        self.linear = float(linear)
+        self.layers = [(kind, limit, float(f)) for kind, limit, f in layers]  # (kind, limit, FLOPs per pair)
+
+    def attention(self, lengths) -> np.ndarray:
+        out = np.zeros(np.shape(lengths), dtype=np.float64)
+        for kind, limit, flops in self.layers:
+            if flops:
+                out += flops * pairs(kind, limit, lengths)
+        return out
+
+    def __call__(self, lengths) -> np.ndarray:
+        l = np.asarray(lengths, dtype=np.float64)
+        return self.linear * l + self.attention(l)
+
+    def __iter__(self):
+        raise TypeError(f"the cost of {self.model_type} (layers: {sorted({k for k, _, _ in self.layers})}) is no "
+                        "(a, b) pair; pass transformer_cost(config) itself as cost=")
+
+    def __eq__(self, other):
+        return isinstance(other, DocumentCost) and (self.model_type, self.linear, self.layers) == (
+            other.model_type, other.linear, other.layers)
+
+    def __hash__(self):
+        return hash((self.model_type, self.linear, tuple(self.layers)))
+
+    def __repr__(self):
+        kinds = {}
+        for kind, limit, _ in self.layers:
+            key = kind if limit is None else f"{kind} {limit}"
+            kinds[key] = kinds.get(key, 0) + 1
+        return f"DocumentCost({self.model_type}: {self.linear:.4g} FLOPs/token; layers {kinds})"
+
+
+def _config_key(config) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True, default=str)
+
+
+_CACHE: dict = {}  # config JSON -> (model_type, linear, layers): a meta model is built once per config
+
+
+def _model_cost(config, include_lm_head: bool):
+    key = (_config_key(config), include_lm_head)
+    if key not in _CACHE:
+        if len(_CACHE) >= 32:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = _cost_of(config, include_lm_head)
+    return _CACHE[key]
+
+
+def _cost_of(config, include_lm_head: bool):
+    kinds = layer_kinds(config)
+    heads, d_qk, d_v = _head_sizes(config)
+    top_k = _first(config, _TOP_K, "", False)
+    num_experts = _first(config, _NUM_EXPERTS, "", False)
+    if num_experts and not top_k:
+        raise ValueError(f"a {config.model_type} config with {num_experts} experts needs num_experts_per_tok")
+    recurrent = sum(_recurrent_flops(config, k) for k, _ in kinds if k in ("linear_attention", "mamba"))
+    model, has_head = _build_meta(config)  # after every figure is read: a missing one is named, not a crash inside
+    macs = _matmul_weights(model, top_k or 1, num_experts or 0, include_lm_head)
+    if include_lm_head and not has_head:
+        macs += float(_first(config, ("hidden_size",), "the hidden size")) * float(config.vocab_size)
+    linear = 6.0 * macs + recurrent
+    pair = 6.0 * heads * (d_qk + d_v)
+    layers = [(k, limit, pair if k in ("full", "window", "chunk") else 0.0) for k, limit in kinds]
+    return config.model_type, linear, layers
+
+
+def architecture_cost(config, overrides: dict, include_lm_head: bool):
+    """``(a, b)`` when every layer is full causal attention (the dense form, exact), else a :class:`DocumentCost`."""
+    import transformers
+
+    if isinstance(config, Mapping):
+        values = dict(config)
+        if "model_type" not in values:
+            raise ValueError("a config dict needs its model_type (config.to_dict() has it)")
+        config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    text = getattr(config, "text_config", None)
+    if text is not None and getattr(config, "hidden_size", None) is None:
+        config = text
+    if overrides:
+        config = copy.deepcopy(config)
+        for attr, value in overrides.items():
+            setattr(config, attr, value)
+    model_type, linear, layers = _model_cost(config, include_lm_head)
+    if all(kind == "full" for kind, _, _ in layers):
+        b = sum(f for _, _, f in layers) / 2
+        return linear + b, b
+    return DocumentCost(model_type, linear, layers)
