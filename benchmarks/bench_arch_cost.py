@@ -1,0 +1,102 @@
+"""Data-parallel balance under the true FLOPs: ``ogbfd`` steps planned with the old dense cost vs the per-architecture
+cost (``packkit.transformer_cost`` of the config; issue 50 §6).
+
+Run from the repository root::
+
+    python benchmarks/bench_arch_cost.py            # 3 configs x 2 workloads, ~1-2 minutes on 2 cores
+    python benchmarks/bench_arch_cost.py --quick    # smoke run: 2,000 documents
+
+Configs (public sizes): Gemma 3 27B (sliding window 1,024 on 5 of every 6 layers), GPT-OSS-20B (window 128 on every
+other layer, 32 experts, top 4), Qwen3-Next-80B-A3B (Gated DeltaNet on 3 of every 4 layers, 512 experts, top 10).
+The "old" cost is what ``transformer_cost(config)`` returned before: the dense-Llama ``(a, b)`` read from the
+config's sizes (every layer full attention, every expert counted as one MLP of ``intermediate_size``). The truth
+both plans are scored by is the per-architecture cost (checked against torch's FLOP counter on tiny models:
+tests/test_arch_cost.py). Workloads: 20,000 lognormal documents (median 2,048, sigma 1.2) and a long-context mix
+(70% of 200-2,000 tokens, 30% of 8,000-32,768), and its first 512 documents (one global batch, as on-the-fly packing
+plans it: few documents per step, where the cost model decides more), capacity 32,768, 8 ranks. Per-step balance: sum over steps of the
+slowest rank's FLOPs / sum over steps of the mean rank's (1.0 = no rank waits). Results:
+``benchmarks/results/arch_cost_cpu.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+import packkit
+from packkit.planning.cost_model import _read_config
+
+import _results
+
+DP, CAPACITY = 8, 32768
+
+
+def configs() -> dict:
+    from transformers import AutoConfig
+
+    gemma = AutoConfig.for_model(
+        "gemma3_text", hidden_size=5376, intermediate_size=21504, num_hidden_layers=62, num_attention_heads=32,
+        num_key_value_heads=16, head_dim=128, vocab_size=262208, sliding_window=1024,
+        layer_types=[("full_attention" if (i + 1) % 6 == 0 else "sliding_attention") for i in range(62)])
+    gpt_oss = AutoConfig.for_model(
+        "gpt_oss", hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088,
+        sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 12)
+    qwen_next = AutoConfig.for_model(
+        "qwen3_next", hidden_size=2048, intermediate_size=5120, num_hidden_layers=48, num_attention_heads=16,
+        num_key_value_heads=2, head_dim=256, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+        shared_expert_intermediate_size=512, vocab_size=151936, linear_num_value_heads=32, linear_num_key_heads=16,
+        linear_key_head_dim=128, linear_value_head_dim=128,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 12)
+    return {"Gemma 3 27B": gemma, "GPT-OSS-20B": gpt_oss, "Qwen3-Next-80B-A3B": qwen_next}
+
+
+def workloads(n: int) -> dict:
+    rng = np.random.default_rng(0)
+    lognormal = np.clip(np.exp(rng.normal(np.log(2048), 1.2, n)), 1, CAPACITY).astype(np.int64)
+    long_mix = np.where(rng.random(n) < 0.7, rng.integers(200, 2000, n), rng.integers(8000, CAPACITY + 1, n))
+    return {"lognormal": lognormal, "long-context mix": long_mix.astype(np.int64),
+            "long mix, 512 docs": long_mix[:512].astype(np.int64)}  # one global batch planned on the fly
+
+
+def step_balance(plan, lengths: np.ndarray, truth) -> float:
+    costs = np.array([truth(lengths[b]).sum() if len(b) else 0.0 for b in plan.bins]).reshape(-1, DP)
+    return float(costs.max(axis=1).sum() / costs.mean(axis=1).sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2,000 documents")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/arch_cost_cpu.json)")
+    args = parser.parse_args()
+    rows = []
+    print(f"{'model':20s} {'workload':18s} {'old cost: balance':>18s} {'new cost: balance':>18s} {'old a/b err':>12s}")
+    for model, config in configs().items():
+        truth = packkit.transformer_cost(config)
+        old = packkit.transformer_cost(**_read_config(config))  # the dense-Llama pair of the same sizes
+        for name, lengths in workloads(2000 if args.quick else 20000).items():
+            start = time.perf_counter()
+            plans = {label: packkit.plan(lengths, CAPACITY, algorithm="ogbfd", dp_size=DP, cost=cost)
+                     for label, cost in (("old", old), ("new", truth))}
+            seconds = time.perf_counter() - start
+            true_total = truth(lengths).sum() if callable(truth) else (truth[0] * lengths + truth[1] * lengths ** 2.0).sum()
+            old_total = (old[0] * lengths + old[1] * lengths ** 2.0).sum()
+            scorer = truth if callable(truth) else (lambda l, t=truth: t[0] * l + t[1] * l.astype(float) ** 2)
+            row = {"model": model, "workload": name, "documents": int(len(lengths)),
+                   "balance_old_cost": step_balance(plans["old"], lengths, scorer),
+                   "balance_new_cost": step_balance(plans["new"], lengths, scorer),
+                   "steps_old": plans["old"].num_bins // DP, "steps_new": plans["new"].num_bins // DP,
+                   "old_cost_total_over_true": float(old_total / true_total), "plan_seconds": seconds}
+            rows.append(row)
+            print(f"{model:20s} {name:18s} {row['balance_old_cost']:18.4f} {row['balance_new_cost']:18.4f} "
+                  f"{row['old_cost_total_over_true']:11.2f}x")
+    doc = {"machine": _results.machine_info(load_average=os.getloadavg()[0]), "dp_size": DP, "capacity": CAPACITY,
+           "rows": rows}
+    _results.write_results(doc, "arch_cost_cpu.json", args.out, args.quick)
+
+
+if __name__ == "__main__":
+    main()
