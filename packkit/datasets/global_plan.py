@@ -102,9 +102,9 @@ def check_options(algorithm, overlong, cost, shuffle, seed, position_ids) -> tup
     if not isinstance(shuffle, (bool, np.bool_)):
         raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
     if seed is not None and (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(f"seed must be an int >= 0, got {seed!r}")
+        raise TypeError(f"seed must be None or an int >= 0, got {seed!r}")
     if seed is not None and seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed}")
+        raise ValueError(f"seed must be None or an int >= 0, got {seed}")
     if not isinstance(position_ids, (bool, np.bool_)):
         raise TypeError(f"position_ids must be True or False, got {position_ids!r}")
     return bool(shuffle), 0 if seed is None else int(seed), bool(position_ids)
