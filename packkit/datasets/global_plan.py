@@ -58,15 +58,14 @@ def report_from_plan(p: Plan, *, lengths: np.ndarray, seq_length: int, columns, 
 
 
 def plan_rows(lengths: np.ndarray, seq_length: int, *, algorithm: Optional[str], overlong: str, dp_size: int,
-              cost: CostSpec, shuffle: bool, seed: int, positions: Optional[np.ndarray] = None
-              ) -> tuple[Plan, Segments, int]:
+              cost: CostSpec, shuffle: bool, seed: int) -> tuple[Plan, Segments, int]:
     """The global plan and its rows in output order: (plan, segments, empty rows removed).
 
     With ``dp_size > 1`` consecutive groups of ``dp_size`` rows are one balanced step. The steps (rows with
     ``dp_size == 1``) are emitted in a ``seed``-ed random order (``shuffle``), else in the source order of each
     step's longest sequence (:mod:`packkit.planning.step_order`); never in the planner's order, which runs from
     the longest sequences to the shortest. A step with empty rows stays last and its empty rows are removed (an
-    empty example would break trainers). ``positions``: the source order of ``lengths`` (default: as given).
+    empty example would break trainers).
     """
     if algorithm is None:
         algorithm = "ogbfd" if dp_size > 1 else "obfd"
@@ -79,8 +78,7 @@ def plan_rows(lengths: np.ndarray, seq_length: int, *, algorithm: Optional[str],
     keys = None
     if not shuffle:
         seg_step = np.repeat(np.arange(p.num_bins, dtype=np.int64), counts) // p.dp_size
-        where = seq if positions is None else np.asarray(positions, np.int64)[seq]
-        keys = step_order.source_keys(seg_step, length, where, p.num_steps)[~with_empty]
+        keys = step_order.source_keys(seg_step, length, seq, p.num_steps)[~with_empty]
     rng = np.random.default_rng(seed)
     full = full[step_order.order_steps(len(full), shuffle=shuffle, rng=rng, keys=keys)]
     order = np.concatenate([full.reshape(-1), steps[with_empty].reshape(-1)])
