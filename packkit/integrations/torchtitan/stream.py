@@ -21,8 +21,6 @@ stream after a resume is the stream without one.
 from __future__ import annotations
 
 import numbers
-from typing import Iterator
-
 import numpy as np
 import torch
 import torch.utils.data
@@ -32,7 +30,7 @@ from ...planning import step_order
 from ...planning.cost_model import transformer_cost
 from ...planning.planner import plan as make_plan
 from ...training.sampler.args import cost_tag
-from .documents import tokens_of
+from .documents import fetch_documents, is_one_shot, iterable_of, read_documents, tokens_of
 
 OVERLONG = ("split", "drop", "error")
 STATE_VERSION = 2  # 2: steps in a seeded order (1: the planner's, longest documents first)
@@ -151,50 +149,13 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
 
         if not isinstance(carry, list) or any(bad(c) for c in carry):
             raise ValueError("state['carry'] must list [position, piece, times] of positions before buffer_start")
-        src = self._iterable()
+        src = iterable_of(self.source)
         if hasattr(src, "__len__") and hasattr(src, "__getitem__") and state["buffer_start"] > len(src):
             raise ValueError(f"state['buffer_start'] is {state['buffer_start']} but the source has {len(src)} "
                              f"documents; resume with the same source")
         self._state = {**state, "carry": [list(c) for c in carry], "plan": dict(self._plan_key)}
 
     # ----------------------------------------------------------------------------------------- source
-    def _iterable(self):
-        return self.source() if callable(self.source) and not hasattr(self.source, "__iter__") else self.source
-
-    def _read(self, start: int) -> Iterator:
-        src = self._iterable()
-        if hasattr(src, "__len__") and hasattr(src, "__getitem__") and not isinstance(src, dict):
-            if start > len(src):
-                raise ValueError(f"the state's buffer_start is {start} but the source has {len(src)} documents; "
-                                 f"resume with the same source")
-            for p in range(start, len(src)):
-                yield p, src[p]
-            return
-        count = 0
-        for p, example in enumerate(src):
-            count = p + 1
-            if p >= start:
-                yield p, example
-        if start > count:
-            raise ValueError(f"the state's buffer_start is {start} but the source ended after {count} documents; "
-                             f"resume with the same source")
-
-    def _fetch(self, positions) -> dict:
-        """The examples at ``positions`` (all before the buffer start), by index or by one scan."""
-        wanted = set(positions)
-        found = {}
-        if not wanted:
-            return found
-        for p, example in self._read(min(wanted)):
-            if p in wanted:
-                found[p] = example
-                if len(found) == len(wanted):
-                    break
-        if len(found) != len(wanted):
-            raise ValueError(f"the source no longer has the documents at positions {sorted(wanted - set(found))[:8]}"
-                             f" recorded in the state; resume with the same source")
-        return found
-
     def _pieces(self, position: int, example, count: bool) -> list:
         """(position, piece, window) of a document: ``window[:-1]`` are the inputs, ``window[1:]`` the labels."""
         t = tokens_of(example, position, self.tokenizer, self.input_key, self.text_key)
@@ -244,7 +205,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             if fresh and self.stats["steps"] == done and self.infinite:
                 # A whole pass gave nothing: the next one would too, forever. (A resumed pass may end empty.)
                 hint = (" (a one-shot iterator, e.g. a generator, is empty after its first pass: pass a list or a "
-                        "callable returning a fresh iterable)") if self._one_shot() else ""
+                        "callable returning a fresh iterable)") if is_one_shot(self.source) else ""
                 raise ValueError(f"a whole pass over the source yielded no step (epoch {self._state['epoch']}): it has "
                                  f"no document of 2 or more tokens{hint}; infinite=True would loop forever")
             self._state = self._fresh_state(self._state["epoch"] + 1)  # a new iter() starts the next pass
@@ -253,13 +214,9 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             if not self.infinite:
                 return
 
-    def _one_shot(self) -> bool:
-        src = self._iterable()
-        return iter(src) is src  # an iterator, not a re-iterable
-
     def _carried(self, carry) -> list:
         """``(piece, times carried)`` of a state's carry, re-read from the source."""
-        examples = self._fetch(c[0] for c in carry)
+        examples = fetch_documents(self.source, (c[0] for c in carry))
         out = []
         for position, piece, age in carry:
             found = [p for p in self._pieces(position, examples[position], False) if p[1] == piece]
@@ -287,7 +244,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         carried = self._carried(st["carry"])
         per_step = self.dp_world_size * self.local_batch_size
         lo = self.dp_rank * self.local_batch_size
-        fresh = self._read(st["buffer_start"])  # one reader per pass: an iterable source is scanned once
+        fresh = read_documents(self.source, st["buffer_start"])  # one reader per pass: an iterable source is scanned once
         while True:
             pool, ages = [p for p, _ in carried], [a for _, a in carried]
             next_start, exhausted = st["buffer_start"], False
