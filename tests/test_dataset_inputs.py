@@ -16,6 +16,7 @@ def _ds(**columns):
     (dict(seed="x"), TypeError, "seed must be None or an int >= 0, got 'x'"),
     (dict(seed=-1), ValueError, "seed must be None or an int >= 0, got -1"),
     (dict(seed=True), TypeError, "seed must be None"),
+    (dict(shuffle=None), TypeError, "shuffle must be True or False, got None"),
     (dict(position_ids="yes"), TypeError, "position_ids must be True or False"),
     (dict(algorithm="nope"), ValueError, "unknown algorithm 'nope'"),
     (dict(overlong="bogus"), ValueError, "unknown overlong policy 'bogus'"),

@@ -63,14 +63,16 @@ def test_trl_example_and_format():
     examples = {"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]],
                 "attention_mask": [[1, 1, 1, 0, 0], [1, 0], [1, 1, 0], [1]]}
     ds = datasets.Dataset.from_dict(examples)
-    ours = packkit.pack_dataset(ds, 4, overlong="truncate")
+    ours = packkit.pack_dataset(ds, 4, overlong="truncate", shuffle=False)
     theirs = trl.pack_dataset(ds, 4, strategy="bfd")
     assert ours.features == theirs.features  # same columns and types: list<int64> ..., seq_lengths list<int32>
-    assert ours[:] == {"input_ids": [[1, 2, 3, 4], [8, 9, 10, 11], [6, 7]],
-                       "attention_mask": [[1, 1, 1, 0], [1, 1, 0, 1], [1, 0]], "seq_lengths": [[4], [3, 1], [2]]}
-    split = packkit.pack_dataset(ds, 4, overlong="split", position_ids=True)
-    assert split["seq_lengths"] == [[4], [1, 3], [2, 1]]
-    assert split["position_ids"] == [[0, 1, 2, 3], [0, 0, 1, 2], [0, 1, 0]]
+    # TRL's rows, in the order of each row's longest example (0, 1, 2), not TRL's longest-first order (issue 47).
+    assert ours[:] == {"input_ids": [[1, 2, 3, 4], [6, 7], [8, 9, 10, 11]],
+                       "attention_mask": [[1, 1, 1, 0], [1, 0], [1, 1, 0, 1]], "seq_lengths": [[4], [2], [3, 1]]}
+    assert sorted(ours["input_ids"]) == sorted(theirs["input_ids"])
+    split = packkit.pack_dataset(ds, 4, overlong="split", position_ids=True, shuffle=False)
+    assert split["seq_lengths"] == [[4], [2, 1], [1, 3]]
+    assert split["position_ids"] == [[0, 1, 2, 3], [0, 1, 0], [0, 0, 1, 2]]
     assert split.features["position_ids"] == datasets.List(datasets.Value("int64"))
 
 
@@ -81,8 +83,9 @@ def test_global_plan_beats_per_batch_and_matches_planner():
     out, report = packkit.pack_dataset(ds, 4096, return_report=True)
     plan = packkit.plan(lengths, 4096)
     assert report.rows == len(out) == plan.num_bins
-    # Row by row the planner's bins: the same segment lengths in the same order.
-    assert [list(x) for x in out["seq_lengths"]] == [lengths[b].tolist() for b in plan.bins]
+    # Row by row the planner's bins, in a seed-0 random order (issue 47: not the planner's, longest first).
+    order = np.random.default_rng(0).permutation(plan.num_bins)
+    assert [list(x) for x in out["seq_lengths"]] == [lengths[plan.bins[k]].tolist() for k in order]
     assert [np.asarray(x).sum() for x in out["seq_lengths"]] == [len(x) for x in out["input_ids"]]
     assert out.features["input_ids"] == datasets.List(datasets.Value("int32"))  # value type kept
     # Per-batch packing (a map over batches of 100 rows, each planned alone) needs more rows: every batch
@@ -109,6 +112,15 @@ def test_multi_chunk_sliced_and_selected_inputs():
     assert {src for src, _ in found} == {i for i in range(50, 150) if lengths[i] > 0}
 
 
+def seeded_steps(plan, seed: int) -> list:
+    """pack_dataset's step order for ``seed``: the steps without an empty row permuted, then the one with."""
+    empty = [bool((np.diff(plan.segments.bin_offsets)[s * plan.dp_size:(s + 1) * plan.dp_size] == 0).any())
+             for s in range(plan.num_steps)]
+    full = [s for s in range(plan.num_steps) if not empty[s]]
+    return [full[k] for k in np.random.default_rng(seed).permutation(len(full))] + [s for s in range(plan.num_steps)
+                                                                                      if empty[s]]
+
+
 def test_dp_size_rows_are_balanced_steps_and_seed_shuffles_steps():
     lengths = np.random.default_rng(2).integers(1, 600, 500)
     ds = source(lengths)
@@ -117,8 +129,9 @@ def test_dp_size_rows_are_balanced_steps_and_seed_shuffles_steps():
     costs = [float((np.asarray(s, np.float64) ** 2).sum()) for s in out["seq_lengths"]]
     assert len(out) == plan.num_bins - plan.empty_bins == report.rows
     full_steps = len(out) // 4
+    order = seeded_steps(plan, 0)
     for s in range(full_steps):
-        assert sorted(costs[4 * s:4 * s + 4]) == pytest.approx(sorted(plan.rank_costs[s]))
+        assert sorted(costs[4 * s:4 * s + 4]) == pytest.approx(sorted(plan.rank_costs[order[s]]))
     assert report.balance == pytest.approx(plan.balance) and report.dp_size == 4
     a = packkit.pack_dataset(ds, 1024, dp_size=4, cost="attention", seed=7)
     b = packkit.pack_dataset(ds, 1024, dp_size=4, cost="attention", seed=7)
@@ -147,8 +160,9 @@ def test_cost_pair_and_callable_pass_through():
         assert report.rows == len(out) == plan.num_bins - plan.empty_bins
         assert report.balance == pytest.approx(plan.balance) and report.balance != pytest.approx(tokens.balance)
         row_costs = [float(cost_of(np.asarray(s, np.int64)).sum()) for s in out["seq_lengths"]]
+        order = seeded_steps(plan, 0)
         for s in range(len(out) // 2):
-            assert sorted(row_costs[2 * s:2 * s + 2]) == pytest.approx(sorted(plan.rank_costs[s])), s
+            assert sorted(row_costs[2 * s:2 * s + 2]) == pytest.approx(sorted(plan.rank_costs[order[s]])), s
         rows_of = lambda p: sorted(tuple(sorted(lengths[b].tolist())) for b in p.bins if len(b))  # noqa: E731
         assert sorted(tuple(sorted(s)) for s in out["seq_lengths"]) == rows_of(plan) != rows_of(tokens)
 

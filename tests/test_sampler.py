@@ -176,16 +176,25 @@ def test_shuffle_is_per_epoch_and_deterministic():
     assert pickle.loads(pickle.dumps(a)).batches() == epoch1
 
 
-def test_no_shuffle_keeps_index_and_plan_order():
+def test_no_shuffle_keeps_index_order_and_orders_steps_by_their_longest_sample():
     lengths = lognormal(2000)
     s = PackedBatchSampler(lengths, 8192, rank=0, world_size=2, shuffle=False)
     np.testing.assert_array_equal(s.permutation, np.arange(2000))
-    np.testing.assert_array_equal(s.step_order, np.arange(len(s)))
     first = list(s)
     s.set_epoch(5)
     assert list(s) == first
-    assert first == [b.tolist() for b in packkit.plan(lengths, 8192, algorithm="ogbfd", dp_size=2,
-                                                      cost="attention").rank_bins(0)]
+    planned = packkit.plan(lengths, 8192, algorithm="ogbfd", dp_size=2, cost="attention")
+    # The plan's steps, not in the planner's order (longest samples first, issue 47) but in the dataset order of
+    # each step's longest sample (ties: the earliest index); an incomplete last step would stay last.
+    def anchor(step):
+        members = np.concatenate(planned.bins[2 * step:2 * step + 2])
+        return min(members.tolist(), key=lambda i: (-lengths[i], i))
+
+    complete = planned.num_steps - (planned.empty_bins > 0)
+    expected = sorted(range(complete), key=anchor) + list(range(complete, planned.num_steps))
+    np.testing.assert_array_equal(s.step_order, expected)
+    assert first == [planned.rank_bins(0)[k].tolist() for k in expected]
+    assert not np.array_equal(s.step_order, np.arange(len(s)))
 
 
 # -- resume --------------------------------------------------------------------------------------

@@ -257,7 +257,8 @@ def test_flush_at_the_end_pads_the_last_item():
     items = list(PackedIterableDataset(examples, 32, buffer_size=1000, rows_per_item=4, return_example_ids=True))
     check_items(items, examples, 32, rows_per_item=4)
     assert [item["input_ids"].shape for item in items] == [(4, 32), (4, 32)]
-    assert items[-1]["example_ids"] == [[4], [], [], []]  # static shape: empty rows fill the last item
+    # static shape: empty rows fill the last item (its one row is any example: rows come in a seeded order)
+    assert len(items[-1]["example_ids"][0]) == 1 and items[-1]["example_ids"][1:] == [[], [], []]
     assert (items[-1]["input_ids"][1:] == 0).all() and (items[-1]["labels"][1:] == -100).all()
     flat = list(PackedIterableDataset(examples, 32, buffer_size=2, rows_per_item=4, layout="flat"))
     assert [item["input_ids"].shape for item in flat] == [(1, 80), (1, 20)]  # flat: no padding

@@ -10,6 +10,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..planning import step_order
 from ..planning.planner import CostSpec, Plan, Segments, _cost_model, check_plan_choices, plan as make_plan
 
 
@@ -57,25 +58,30 @@ def report_from_plan(p: Plan, *, lengths: np.ndarray, seq_length: int, columns, 
 
 
 def plan_rows(lengths: np.ndarray, seq_length: int, *, algorithm: Optional[str], overlong: str, dp_size: int,
-              cost: CostSpec, seed: Optional[int]) -> tuple[Plan, Segments, int]:
+              cost: CostSpec, shuffle: bool, seed: int) -> tuple[Plan, Segments, int]:
     """The global plan and its rows in output order: (plan, segments, empty rows removed).
 
-    With ``dp_size > 1`` consecutive groups of ``dp_size`` rows are one balanced step; ``seed`` shuffles
-    whole steps (rows with ``dp_size == 1``), keeping a step with empty rows last, and the empty rows are
-    removed (an empty example would break trainers).
+    With ``dp_size > 1`` consecutive groups of ``dp_size`` rows are one balanced step. The steps (rows with
+    ``dp_size == 1``) are emitted in a ``seed``-ed random order (``shuffle``), else in the source order of each
+    step's longest sequence (:mod:`packkit.planning.step_order`); never in the planner's order, which runs from
+    the longest sequences to the shortest. A step with empty rows stays last and its empty rows are removed (an
+    empty example would break trainers).
     """
     if algorithm is None:
         algorithm = "ogbfd" if dp_size > 1 else "obfd"
     p = make_plan(lengths, seq_length, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
     seq, start, length, offsets = p.segments
     counts = np.diff(offsets)
-    order = np.arange(p.num_bins, dtype=np.int64)
-    if seed is not None:
-        steps = order.reshape(-1, p.dp_size)
-        with_empty = (counts.reshape(-1, p.dp_size) == 0).any(axis=1)
-        rng = np.random.default_rng(seed)
-        full = steps[~with_empty]
-        order = np.concatenate([full[rng.permutation(len(full))].reshape(-1), steps[with_empty].reshape(-1)])
+    steps = np.arange(p.num_bins, dtype=np.int64).reshape(-1, p.dp_size)
+    with_empty = (counts.reshape(-1, p.dp_size) == 0).any(axis=1)
+    full = steps[~with_empty]
+    keys = None
+    if not shuffle:
+        seg_step = np.repeat(np.arange(p.num_bins, dtype=np.int64), counts) // p.dp_size
+        keys = step_order.source_keys(seg_step, length, seq, p.num_steps)[~with_empty]
+    rng = np.random.default_rng(seed)
+    full = full[step_order.order_steps(len(full), shuffle=shuffle, rng=rng, keys=keys)]
+    order = np.concatenate([full.reshape(-1), steps[with_empty].reshape(-1)])
     order = order[counts[order] > 0]
     if len(order) == p.num_bins and (order == np.arange(p.num_bins)).all():
         return p, p.segments, 0  # the plan's order as is: no copy of the segments
@@ -86,14 +92,17 @@ def plan_rows(lengths: np.ndarray, seq_length: int, *, algorithm: Optional[str],
     return p, segments, int(p.num_bins - len(order))
 
 
-def check_options(algorithm, overlong, cost, seed, position_ids) -> bool:
-    """Validate pack_dataset's options before any work (a Ray pass over the data, say); returns ``position_ids``."""
+def check_options(algorithm, overlong, cost, shuffle, seed, position_ids) -> tuple[bool, int, bool]:
+    """Validate pack_dataset's options before any work (a Ray pass over the data, say); returns
+    ``(shuffle, seed, position_ids)`` (``seed=None``, the old default, is 0)."""
     check_plan_choices("obfd" if algorithm is None else algorithm, overlong)
     _cost_model(cost)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+    if not isinstance(shuffle, (bool, np.bool_)):
+        raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
+    if seed is not None and (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral)):
         raise TypeError(f"seed must be None or an int >= 0, got {seed!r}")
     if seed is not None and seed < 0:
         raise ValueError(f"seed must be None or an int >= 0, got {seed}")
     if not isinstance(position_ids, (bool, np.bool_)):
         raise TypeError(f"position_ids must be True or False, got {position_ids!r}")
-    return bool(position_ids)
+    return bool(shuffle), 0 if seed is None else int(seed), bool(position_ids)

@@ -22,8 +22,8 @@ from .global_plan import PackReport, check_options, plan_rows, report_from_plan
 
 def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, overlong: str = "error",
                  columns: Optional[Sequence[str]] = None, dp_size: int = 1, cost: CostSpec = "tokens",
-                 seed: Optional[int] = None, position_ids: bool = False, return_report: bool = False,
-                 keep_in_memory: Optional[bool] = None, cache_file_name: Optional[str] = None, **options):
+                 shuffle: bool = True, seed: Optional[int] = 0, position_ids: bool = False,
+                 return_report: bool = False, keep_in_memory: Optional[bool] = None, cache_file_name: Optional[str] = None, **options):
     """Pack a whole tokenized dataset into rows of ``seq_length`` tokens with one global plan.
 
     Args:
@@ -40,7 +40,9 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
         dp_size, cost: rows are ordered so that consecutive groups of ``dp_size`` rows are steps balanced
             under ``cost`` (``"tokens"``, ``"attention"``, ``(a, b)`` or a callable; see ``packkit.plan``),
             for trainers that deal rows round-robin to ranks in order.
-        seed: shuffle the order of rows (whole steps with ``dp_size > 1``); ``None`` keeps the plan's order.
+        shuffle, seed: the rows (whole steps with ``dp_size > 1``) in a ``seed``-ed random order (default; ``seed``
+            ``None`` is 0). ``shuffle=False``: in the dataset order of each row's (step's) longest sequence. Never
+            the planner's order, which runs from the longest sequences to the shortest (a length curriculum).
         position_ids: also write ``position_ids`` (list<int64>, restarting at 0 in every segment).
         return_report: return ``(dataset, PackReport)`` instead of the dataset.
         keep_in_memory, cache_file_name: where the packed rows go, as in ``Dataset.map``. By default a
@@ -55,7 +57,7 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
     prefix ``"packkit.pack_dataset: "``. Zero-length rows hold no tokens and are in no output row
     (counted in ``zero_length``).
     """
-    position_ids = check_options(algorithm, overlong, cost, seed, position_ids)
+    shuffle, seed, position_ids = check_options(algorithm, overlong, cost, shuffle, seed, position_ids)
     if type(dataset).__module__.startswith("ray.data"):
         from .ray_data import pack_ray_dataset
 
@@ -64,7 +66,7 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
                             "packed into Ray blocks (write them out with the Ray Dataset's write_* methods)")
 
         return pack_ray_dataset(dataset, seq_length, algorithm=algorithm, overlong=overlong, columns=columns,
-                                dp_size=dp_size, cost=cost, seed=seed, position_ids=position_ids,
+                                dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed, position_ids=position_ids,
                                 return_report=return_report, **options)
     if options:
         raise TypeError(f"unexpected options {sorted(options)} for a datasets.Dataset")
@@ -98,7 +100,7 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
     lengths = check_row_lengths(cols)
 
     p, segments, empty_removed = plan_rows(lengths, seq_length, algorithm=algorithm, overlong=overlong,
-                                           dp_size=dp_size, cost=cost, seed=seed)
+                                           dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed)
     schema = packed_schema(cols, position_ids=position_ids)
     report = report_from_plan(p, lengths=lengths, seq_length=seq_length, columns=chosen, excluded=excluded,
                               empty_removed=empty_removed, rows=len(segments.bin_offsets) - 1)
@@ -107,7 +109,7 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
                                 features=datasets.Features.from_arrow_schema(schema))
     # An explicit fingerprint: otherwise datasets hashes every token of the new table (seconds per GB).
     params = [dataset._fingerprint, seq_length, algorithm, overlong, chosen, dp_size,
-              cost if isinstance(cost, (str, tuple, list)) else repr(cost), seed, position_ids]
+              cost if isinstance(cost, (str, tuple, list)) else repr(cost), shuffle, seed, position_ids]
     fingerprint = datasets.fingerprint.Hasher.hash(["packkit.pack_dataset", *params])
     if cache_file_name is None and not keep_in_memory and dataset.cache_files:
         cache_file_name = _cache_file_path(datasets, dataset, fingerprint)

@@ -2,15 +2,16 @@
 
 Stages (``docs/scale.md`` has the sizes):
 
-1. the input's blocks (Arrow tables in the object store) are validated and their lengths read by one
-   Ray task per block, in parallel (only the offsets buffers are read);
-2. the driver plans once, from the lengths alone, and cuts the output rows into ``num_blocks`` chunks;
+1. the input's blocks (Arrow tables in the object store) are validated and their lengths and a content digest
+   of every row read by one Ray task per block, in parallel;
+2. the driver puts the rows in the order of their digests (Ray's block order is its scheduler's), plans once,
+   from the lengths alone, and cuts the output rows into ``num_blocks`` chunks;
 3. **exchange**: one task per input block cuts the segments it holds into one piece per output chunk
    (a pack op call; a sample goes only to the chunk whose rows hold it);
 4. one task per output chunk receives only its pieces and packs its rows (``pack_table``).
 
 The output is ``ray.data.from_arrow_refs`` of the chunks, in plan order: every kept token exactly once,
-and equal input (same blocks) and seed give the same dataset. ``ray`` is imported inside the functions.
+and equal rows and seed give the same dataset, whatever order the blocks arrive in. ``ray`` is imported inside the functions.
 """
 from __future__ import annotations
 
@@ -38,13 +39,54 @@ def _block_rows(block) -> int:
 
 
 def _block_lengths(block, names: list, row_offset: int):
-    """(lengths, None) or (None, (error class name, message)): errors name global rows, raised on the driver."""
+    """((lengths, content keys), None) or (None, (error class name, message)): errors name global rows, raised on
+    the driver; the keys are :func:`row_keys` of the block's rows."""
     table = _arrow(block)
     try:
         cols = [token_column(n, table.column(n), row_offset=row_offset) for n in names]
-        return check_row_lengths(cols, row_offset=row_offset), None
+        return (check_row_lengths(cols, row_offset=row_offset), row_keys(table, names)), None
     except (ValueError, TypeError) as exc:
         return None, (type(exc).__name__, str(exc))
+
+
+_MASK64 = (1 << 64) - 1
+_SALTS = (0x9E3779B97F4A7C15, 0xD1B54A32D192ED03)  # one per 64-bit half of a key
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def row_keys(table, names: list) -> np.ndarray:
+    """uint64 ``[rows, 2]``: a 128-bit digest of each row's content (every packed column's values and lengths).
+
+    Ray Data hands blocks over in an order its scheduler picks; planning rows in the order of these keys makes
+    the plan a function of the rows alone. Rows with equal keys are equal (but for a 2**-128 chance), so which
+    of them is planned first changes nothing in the output."""
+    with np.errstate(over="ignore"):
+        keys = np.zeros((table.num_rows, 2), np.uint64)
+        for c, name in enumerate(names):
+            column = table.column(name)
+            parts = []
+            for chunk in column.chunks:
+                offsets = chunk.offsets.to_numpy().astype(np.int64)
+                lo, hi = int(offsets[0]), int(offsets[-1])
+                values = chunk.values.slice(lo, hi - lo).to_numpy(zero_copy_only=False).astype(np.int64)
+                counts = np.diff(offsets)
+                within = np.arange(hi - lo, dtype=np.int64) - np.repeat(offsets[:-1] - lo, counts)
+                part = np.zeros((len(counts), 2), np.uint64)
+                for h, salt in enumerate(_SALTS):
+                    x = _mix(values.view(np.uint64) + np.uint64((salt * (c + 1)) & _MASK64))
+                    x = _mix(x ^ (within.view(np.uint64) * np.uint64(salt)))  # where in the row the value sits
+                    cumulative = np.concatenate((np.zeros(1, np.uint64), np.cumsum(x, dtype=np.uint64)))
+                    sums = cumulative[offsets[1:] - lo] - cumulative[offsets[:-1] - lo]  # per row, mod 2**64
+                    part[:, h] = _mix(sums + _mix(counts.view(np.uint64) + np.uint64(salt)))
+                parts.append(part)
+            keys = _mix(keys * np.uint64(31) + (np.concatenate(parts) if parts else keys))
+    return keys
 
 
 def _cut_pieces(block, names: list, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray, bounds: np.ndarray):
@@ -77,18 +119,23 @@ def _pack_chunk(types: dict, names: list, order: np.ndarray, lengths: np.ndarray
 
 def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, overlong: str = "error",
                      columns: Optional[Sequence[str]] = None, dp_size: int = 1, cost: CostSpec = "tokens",
-                     seed: Optional[int] = None, position_ids: bool = False, return_report: bool = False,
-                     num_blocks: Optional[int] = None):
+                     shuffle: bool = True, seed: Optional[int] = 0, position_ids: bool = False,
+                     return_report: bool = False, num_blocks: Optional[int] = None):
     """:func:`packkit.pack_dataset` for a ``ray.data.Dataset``; returns a ``ray.data.Dataset``.
 
     ``num_blocks``: output blocks (= packing tasks); default: as many as the input has (at least one,
     and enough that none holds more than 2^28 tokens). Needs a running Ray (``ray.init``) or starts one.
+
+    Ray Data gives no stable row order (its scheduler decides the order blocks arrive in), so the rows are planned
+    in the order of a 128-bit digest of their content: equal rows and ``seed`` give the same output whatever the
+    block order. ``shuffle=False`` orders steps by that content order (there is no source order to keep), and the
+    report's index arrays name rows in the order the blocks were read in this call.
     """
     import ray
 
     seq_length = _as_count(seq_length, "seq_length")
     dp_size = _as_count(dp_size, "dp_size")
-    position_ids = check_options(algorithm, overlong, cost, seed, position_ids)
+    shuffle, seed, position_ids = check_options(algorithm, overlong, cost, shuffle, seed, position_ids)
     names = select_columns(dataset.schema().names, columns)
     excluded = [c for c in dataset.schema().names if c not in names]
     refs = dataset.select_columns(names).to_arrow_refs()
@@ -107,12 +154,17 @@ def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = Non
     for _, error in results:
         if error is not None:
             raise (TypeError if error[0] == "TypeError" else ValueError)(error[1])
-    lengths = np.concatenate([r[0] for r in results])
+    lengths = np.concatenate([r[0][0] for r in results])
+    keys = np.concatenate([r[0][1] for r in results])
     types = {n: _arrow_type(dataset, n) for n in names}
 
-    p, segments, empty_removed = plan_rows(lengths, seq_length, algorithm=algorithm, overlong=overlong,
-                                           dp_size=dp_size, cost=cost, seed=seed)
+    # Rows in the order of their content keys, not in the order the blocks came: the same rows and seed give the
+    # same plan whatever block order Ray's scheduler delivered (issue 46).
+    canonical = np.lexsort((keys[:, 1], keys[:, 0]))
+    p, segments, empty_removed = plan_rows(lengths[canonical], seq_length, algorithm=algorithm, overlong=overlong,
+                                           dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed)
     seq, start, seg_len, bin_offsets = segments
+    seq = canonical[seq]  # back to positions in the blocks as read
     num_rows = len(bin_offsets) - 1
     total = int(seg_len.sum())
     if num_blocks is None:
@@ -150,8 +202,10 @@ def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = Non
         out_refs.append(pack_task.remote(types, names, order, seg_len[s0:s1], offsets, position_ids,
                                          *[pieces[b][k] for b in range(len(refs))]))
     out = ray.data.from_arrow_refs(out_refs)
-    report = report_from_plan(p, lengths=lengths, seq_length=seq_length, columns=names, excluded=excluded,
-                              empty_removed=empty_removed, rows=num_rows)
+    report = report_from_plan(p, lengths=lengths[canonical], seq_length=seq_length, columns=names,
+                              excluded=excluded, empty_removed=empty_removed, rows=num_rows)
+    for name in ("dropped", "truncated", "split", "zero_length"):  # input rows, as the blocks were read this time
+        setattr(report, name, np.sort(canonical[getattr(report, name)]))
     logger.info("packkit.pack_dataset (ray): %s", report.summary())
     return (out, report) if return_report else out
 

@@ -88,22 +88,32 @@ class PlannedIterablePackingDataset(IterablePackingDataset):
 
     Extra keywords: ``dp_size`` (ranks ``DataLoaderDispatcher`` scatters to; default the process group's size),
     ``batch_size`` (rows per rank per micro-step: ``per_device_train_batch_size``; default 1), ``cost`` and
-    ``algorithm`` as :class:`PlannedPackingDataset`. Use ``dataloader_num_workers=0`` (more workers interleave
-    their rows, which keeps every row but mixes steps).
+    ``algorithm`` as :class:`PlannedPackingDataset`; ``shuffle``, ``seed``: each buffer's steps in a random order
+    drawn from ``(seed, pass, buffer)`` (default), or with ``shuffle=False`` in the order of each step's longest
+    sample (never the planner's, longest first). Use ``dataloader_num_workers=0`` (more workers interleave their
+    rows, which keeps every row but mixes steps).
     """
 
     def __init__(self, template, dataset, num_proc: int = 1, *, dp_size=None, batch_size: int = 1, cost=None,
-                 algorithm=None, **kwargs):
+                 algorithm=None, shuffle: bool = True, seed: int = 0, **kwargs):
         super().__init__(template, dataset, num_proc, **kwargs)
         self.dp_size = _check_int(default_dp_size() if dp_size is None else dp_size, "dp_size")
         self.batch_size = _check_int(batch_size, "batch_size")
         self.cost = template_cost(template) if cost is None else cost
         self.algorithm = algorithm or ("ogbfd" if self.dp_size > 1 else "obfd")
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__} {shuffle!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        self.shuffle, self.seed = shuffle, seed
+        self._order_key = [0, 0]  # (pass, buffer) of the next buffer's step order
 
     def _plan_buffer(self, data: list, finished: bool) -> tuple[list, list]:
         """``calculate_matched_group``'s contract on ``(sample, length)`` pairs: (rows in dispatch order, carry)."""
+        key = (self.seed, *self._order_key)
+        self._order_key[1] += 1
         return plan_buffer(data, self.packing_length, finished, dp_size=self.dp_size, batch_size=self.batch_size,
-                           cost=self.cost, algorithm=self.algorithm)
+                           cost=self.cost, algorithm=self.algorithm, shuffle=self.shuffle, seed=key)
 
     def __iter__(self):  # IterablePackingDataset.__iter__ with packkit's planner in place of calculate_matched_group
         try:
@@ -111,6 +121,7 @@ class PlannedIterablePackingDataset(IterablePackingDataset):
         except StopIteration:
             return
         iterator = self.cyclic_iter(self.dataset) if self.cyclic else iter(self.dataset)
+        self._order_key = [self._order_key[0] + 1, 0]
         data = []
         while True:
             num_samples = self._put_data_in_queue(iterator)

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ...planning import step_order
 from ...planning.planner import as_lengths, plan
 
 ALGORITHMS = ("obfd", "ogbfd")
@@ -105,11 +106,21 @@ def plan_packed_idx(lengths, packing_length: int, *, dp_size: int = 1, cost="att
             min(rows, key=len).append(i)
         else:
             dropped.append(i)
+    rows = _source_ordered(rows, array, dp_size)
     loads, rank_costs = _row_costs(rows, array, a, b)
     rank_costs = rank_costs.reshape(-1, dp_size)
     mean = rank_costs.mean(axis=1).sum()
     balance = float(rank_costs.max(axis=1).sum() / mean) if len(rank_costs) and mean > 0 else 1.0
     return PackedIndex(rows, loads.tolist(), dp_size, sorted(dropped), balance)
+
+
+def _source_ordered(rows: list, lengths: np.ndarray, dp_size: int) -> list:
+    """The steps (``dp_size`` rows each) in the dataset order of their longest sample, not the planner's order
+    (longest samples first): what ``BatchSamplerShard(shuffle=False)`` then deals. A shuffling sampler permutes
+    them anyway."""
+    steps = [rows[s:s + dp_size] for s in range(0, len(rows), dp_size)]
+    keys = step_order.bins_keys(rows, lengths.__getitem__, int, dp_size)
+    return [row for k in step_order.order_steps(len(steps), shuffle=False, keys=keys).tolist() for row in steps[k]]
 
 
 def _row_costs(rows: list, lengths: np.ndarray, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
@@ -173,12 +184,15 @@ def _fill_empty_rows(rows: list, lengths: np.ndarray, capacity: int, dp_size: in
 
 
 def plan_buffer(data: list, packing_length: int, finished: bool, *, dp_size: int, batch_size: int, cost,
-                algorithm: str) -> tuple[list, list]:
+                algorithm: str, shuffle: bool = True, seed=0) -> tuple[list, list]:
     """Plan a buffer of ``(sample, length)`` pairs into rows; return (rows to yield, pairs carried over).
 
     Rows are yielded a group of ``batch_size`` planned steps at a time, ordered rank 0's ``batch_size`` rows, then
     rank 1's, ... (the order ``DataLoaderDispatcher`` scatters). Unless ``finished``, the rows of an incomplete
-    group and the emptiest row of the buffer are carried over, so later samples can fill them.
+    group and the emptiest row of the buffer are carried over, so later samples can fill them. The steps yielded
+    are in a random order from ``numpy.random.default_rng(seed)`` (``seed``: an int or a tuple of ints), or with
+    ``shuffle=False`` in the buffer order of each step's longest sample; never the planner's (longest first). A
+    step with an empty row (only in a ``finished`` buffer) stays last.
     """
     if not data:
         return [], []
@@ -187,13 +201,19 @@ def plan_buffer(data: list, packing_length: int, finished: bool, *, dp_size: int
     if too_long:
         raise ValueError(f"a sample of {lengths[too_long[0]]} tokens is longer than packing_length={packing_length}")
     p = plan(lengths, packing_length, algorithm=algorithm, dp_size=dp_size, cost=cost)
-    rows = [[data[i] for i in b.tolist()] for b in p.bins]
+    bins = [b.tolist() for b in p.bins]
     group = dp_size * batch_size
-    whole = len(rows) // group * group
+    whole = len(bins) // group * group
     if finished:
-        whole = len(rows)
-    elif whole == len(rows) and whole:  # keep at least the emptiest row open for the next buffer
+        whole = len(bins)
+    elif whole == len(bins) and whole:  # keep at least the emptiest row open for the next buffer
         whole -= group
+    steps = [bins[s:s + dp_size] for s in range(0, whole, dp_size)]  # the carry stays the planner's last rows
+    full = [st for st in steps if all(st)]
+    keys = None if shuffle else step_order.bins_keys([b for st in full for b in st], lengths.__getitem__, int, dp_size)
+    order = step_order.order_steps(len(full), shuffle=shuffle, rng=np.random.default_rng(seed), keys=keys)
+    bins[:whole] = [b for k in order.tolist() for b in full[k]] + [b for st in steps if not all(st) for b in st]
+    rows = [[data[i] for i in b] for b in bins]
     out = []
     for g in range(0, whole, group):
         steps = rows[g:g + group]  # planned steps g/dp_size ..., each dp_size rows

@@ -70,6 +70,11 @@ class PackkitDataLoader(ParallelAwareDataloader):
         """A buffer's last step filled below this waits for the next buffer's documents."""
 
         max_carries: int = 4
+        shuffle: bool = True
+        """Each buffer's steps in a seeded random order; False: the source order of each step's longest document
+        (never the planner's longest-first order)."""
+
+        seed: int = 0
         pad_token_id: int = 0
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer=None, seq_len: int,
@@ -84,7 +89,8 @@ class PackkitDataLoader(ParallelAwareDataloader):
             _load_source(config), seq_len=seq_len, local_batch_size=local_batch_size, dp_rank=dp_rank,
             dp_world_size=dp_world_size, tokenizer=tokenizer, input_key=config.input_key, text_key=config.text_key,
             buffer_size=config.buffer_size, cost=config.cost, overlong=config.overlong, infinite=config.infinite,
-            carry_threshold=config.carry_threshold, max_carries=config.max_carries, pad_token_id=config.pad_token_id)
+            carry_threshold=config.carry_threshold, max_carries=config.max_carries, shuffle=config.shuffle,
+            seed=config.seed, pad_token_id=config.pad_token_id)
         self.stream = stream
         # The stream yields whole [B, L] batches: batch_size=None.
         super().__init__(stream, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=None,

@@ -8,27 +8,32 @@ ranks agree on every step with no communication; rank r keeps bins ``r*B .. r*B+
 of ``n`` tokens is torchtitan's ``n - 1`` input/label pairs (inputs ``t[:-1]``, labels ``t[1:]``, positions
 restarting at 0), so its last token never predicts the next document's first.
 
+Step order: each buffer's steps are yielded in a random order drawn from ``(seed, epoch, buffer start)``
+(``shuffle=True``, the default) or in the source order of each step's longest document (``shuffle=False``),
+never in the planner's order, which runs from the longest documents to the shortest (a length curriculum that
+would repeat every buffer). Whole steps move, so every rank still gets its row of the same balanced step.
+
 Resume: the state is where the current buffer began (source position), the pieces carried into it (source
 positions, not tokens) and how many of its steps were yielded; the buffer is rebuilt and replanned (the
-planner is deterministic) and the yielded steps skipped, so the stream after a resume is the stream without one.
+planner is deterministic, the step order drawn again from the same seed) and the yielded steps skipped, so the
+stream after a resume is the stream without one.
 """
 from __future__ import annotations
 
 import numbers
-from typing import Iterator
-
 import numpy as np
 import torch
 import torch.utils.data
 
 from ...packing.checks import check_bool, check_int
+from ...planning import step_order
 from ...planning.cost_model import transformer_cost
 from ...planning.planner import plan as make_plan
 from ...training.sampler.args import cost_tag
-from .documents import tokens_of
+from .documents import fetch_documents, is_one_shot, iterable_of, read_documents, tokens_of
 
 OVERLONG = ("split", "drop", "error")
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: steps in a seeded order (1: the planner's, longest documents first)
 MIN_BUFFER_STEPS = 4  # a buffer holds at least this many steps of tokens (part of the state's plan key)
 _STAT_KEYS = ("documents", "pieces", "split", "dropped", "zero_length", "steps", "rows", "tokens")
 
@@ -48,7 +53,11 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             ``a*l + b*l**2`` (:func:`packkit.integrations.torchtitan.torchtitan_cost` of the model's config).
         overlong: a document with more than ``seq_len`` input tokens is ``"split"`` into ``seq_len`` pieces
             (positions restart per piece, as torchtitan wraps them), ``"drop"``-ped, or an ``"error"``.
-        infinite: loop over the source (torchtitan's default); each pass ends with its partial last step.
+        infinite: loop over the source (torchtitan's default); each pass ends with its partial last step. A pass
+            that yields no step (an empty source, only 1-token documents, a one-shot iterator already read)
+            raises ValueError instead of looping forever.
+        shuffle, seed: each buffer's steps in a ``seed``-ed random order (default), or with ``shuffle=False``
+            in the source order of each step's longest document; both resume exactly (part of the state).
         carry_threshold, max_carries: a buffer's last step filled below ``carry_threshold`` of its rows is carried
             into the next buffer (re-planned with its documents) while the source goes on, at most
             ``max_carries`` times per piece (0: never).
@@ -58,7 +67,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
     def __init__(self, source, *, seq_len: int, local_batch_size: int, dp_rank: int = 0, dp_world_size: int = 1,
                  tokenizer=None, input_key: str = "input_ids", text_key: str = "text", buffer_size: int = 1024,
                  cost="tokens", overlong: str = "split", infinite: bool = False, carry_threshold: float = 0.9,
-                 max_carries: int = 4,
+                 max_carries: int = 4, shuffle: bool = True, seed: int = 0,
                  pad_token_id: int = 0, ignore_index: int = -100):
         super().__init__()
         if isinstance(source, (str, bytes, dict)) or not (callable(source) or hasattr(source, "__iter__")):
@@ -76,6 +85,8 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             raise ValueError(f"overlong must be one of {', '.join(OVERLONG)}, got {overlong!r}")
         self.overlong = overlong
         self.infinite = check_bool(infinite, "infinite")
+        self.shuffle = check_bool(shuffle, "shuffle")
+        self.seed = check_int(seed, "seed", 0)
         self.max_carries = check_int(max_carries, "max_carries", 0)
         if isinstance(carry_threshold, bool) or not isinstance(carry_threshold, numbers.Real) \
                 or not 0.0 <= float(carry_threshold) <= 1.0:
@@ -94,7 +105,8 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         # What the plans depend on besides the geometry: a resume replans its buffer, so these must match.
         self._plan_key = {"buffer_size": self.buffer_size, "min_steps": MIN_BUFFER_STEPS, "overlong": self.overlong,
                           "cost": cost_tag(cost, np.arange(1, self.seq_len + 1)),
-                          "carry_threshold": self.carry_threshold, "max_carries": self.max_carries}
+                          "carry_threshold": self.carry_threshold, "max_carries": self.max_carries,
+                          "shuffle": self.shuffle, "seed": self.seed}
         self._state = self._fresh_state(0)
         self.stats = dict.fromkeys(_STAT_KEYS, 0)  # of this process (not restored by a resume)
 
@@ -113,6 +125,10 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the next ``iter()`` from :meth:`state_dict` (same source, rank, world size, seq_len, B)."""
+        if isinstance(state, dict) and state.get("version") == 1:
+            raise ValueError("the state was saved by an older packkit (version 1), which yielded each buffer's steps "
+                             "in the planner's order; this one shuffles them (or keeps source order), so the steps "
+                             "left in that buffer cannot be reproduced: start from a fresh stream")
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a BalancedDocumentStream state (version {STATE_VERSION}): {state!r:.200}")
         for key in ("dp_rank", "dp_world_size", "seq_len", "local_batch_size"):
@@ -133,38 +149,13 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
 
         if not isinstance(carry, list) or any(bad(c) for c in carry):
             raise ValueError("state['carry'] must list [position, piece, times] of positions before buffer_start")
+        src = iterable_of(self.source)
+        if hasattr(src, "__len__") and hasattr(src, "__getitem__") and state["buffer_start"] > len(src):
+            raise ValueError(f"state['buffer_start'] is {state['buffer_start']} but the source has {len(src)} "
+                             f"documents; resume with the same source")
         self._state = {**state, "carry": [list(c) for c in carry], "plan": dict(self._plan_key)}
 
     # ----------------------------------------------------------------------------------------- source
-    def _iterable(self):
-        return self.source() if callable(self.source) and not hasattr(self.source, "__iter__") else self.source
-
-    def _read(self, start: int) -> Iterator:
-        src = self._iterable()
-        if hasattr(src, "__len__") and hasattr(src, "__getitem__") and not isinstance(src, dict):
-            for p in range(start, len(src)):
-                yield p, src[p]
-            return
-        for p, example in enumerate(src):
-            if p >= start:
-                yield p, example
-
-    def _fetch(self, positions) -> dict:
-        """The examples at ``positions`` (all before the buffer start), by index or by one scan."""
-        wanted = set(positions)
-        found = {}
-        if not wanted:
-            return found
-        for p, example in self._read(min(wanted)):
-            if p in wanted:
-                found[p] = example
-                if len(found) == len(wanted):
-                    break
-        if len(found) != len(wanted):
-            raise ValueError(f"the source no longer has the documents at positions {sorted(wanted - set(found))[:8]}"
-                             f" recorded in the state; resume with the same source")
-        return found
-
     def _pieces(self, position: int, example, count: bool) -> list:
         """(position, piece, window) of a document: ``window[:-1]`` are the inputs, ``window[1:]`` the labels."""
         t = tokens_of(example, position, self.tokenizer, self.input_key, self.text_key)
@@ -208,7 +199,15 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         while True:
+            fresh = self._state["buffer_start"] == 0 and not self._state["carry"] and self._state["steps_done"] == 0
+            done = self.stats["steps"]
             yield from self._epoch_pass()
+            if fresh and self.stats["steps"] == done and self.infinite:
+                # A whole pass gave nothing: the next one would too, forever. (A resumed pass may end empty.)
+                hint = (" (a one-shot iterator, e.g. a generator, is empty after its first pass: pass a list or a "
+                        "callable returning a fresh iterable)") if is_one_shot(self.source) else ""
+                raise ValueError(f"a whole pass over the source yielded no step (epoch {self._state['epoch']}): it has "
+                                 f"no document of 2 or more tokens{hint}; infinite=True would loop forever")
             self._state = self._fresh_state(self._state["epoch"] + 1)  # a new iter() starts the next pass
             if hasattr(self.source, "set_epoch"):
                 self.source.set_epoch(self._state["epoch"])
@@ -217,7 +216,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
 
     def _carried(self, carry) -> list:
         """``(piece, times carried)`` of a state's carry, re-read from the source."""
-        examples = self._fetch(c[0] for c in carry)
+        examples = fetch_documents(self.source, (c[0] for c in carry))
         out = []
         for position, piece, age in carry:
             found = [p for p in self._pieces(position, examples[position], False) if p[1] == piece]
@@ -227,12 +226,25 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             out.append((found[0], age))
         return out
 
+    def _ordered(self, steps: list, lengths: np.ndarray, pool: list, st: dict) -> list:
+        """A buffer's steps in the order they are yielded (see ``shuffle``); a step with an empty row (the pass's
+        partial last one) stays last."""
+        partial = [s for s in steps if not all(s)]
+        whole = [s for s in steps if all(s)]
+        keys = None
+        if not self.shuffle:
+            keys = step_order.bins_keys([b for s in whole for b in s], lengths.__getitem__, lambda i: pool[i][0],
+                                        self.dp_world_size * self.local_batch_size)
+        rng = np.random.default_rng((self.seed, st["epoch"], st["buffer_start"]))
+        order = step_order.order_steps(len(whole), shuffle=self.shuffle, rng=rng, keys=keys)
+        return [whole[k] for k in order.tolist()] + partial
+
     def _epoch_pass(self):
         st = self._state
         carried = self._carried(st["carry"])
         per_step = self.dp_world_size * self.local_batch_size
         lo = self.dp_rank * self.local_batch_size
-        fresh = self._read(st["buffer_start"])  # one reader per pass: an iterable source is scanned once
+        fresh = read_documents(self.source, st["buffer_start"])  # one reader per pass: an iterable source is scanned once
         while True:
             pool, ages = [p for p, _ in carried], [a for _, a in carried]
             next_start, exhausted = st["buffer_start"], False
@@ -263,6 +275,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             if (not exhausted and len(steps) > 1 and fill < self.carry_threshold
                     and all(ages[i] < self.max_carries for b in last for i in b)):
                 carry = [i for b in steps.pop() for i in b]
+            steps = self._ordered(steps, lengths, pool, st)
             for s in range(st["steps_done"], len(steps)):
                 st["steps_done"] = s + 1  # set before the yield: a state taken now resumes after this step
                 self.stats["steps"] += 1

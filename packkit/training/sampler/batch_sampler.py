@@ -52,7 +52,9 @@ class PackedBatchSampler(Sampler[list[int]]):
             (changes which equal-length samples share rows) and a permutation of the order of steps
             (the planner emits steps sorted by cost, so without it an epoch runs its longest
             sequences first). The incomplete last step, if any, stays last. ``shuffle=False``:
-            dataset index order and the planner's step order.
+            dataset index order, and the steps in the dataset order of their longest sample (not the
+            planner's order, a length sort; not their first sample, which is early by chance in a step of
+            many short samples): for a dataset in random order, no length trend either way.
         seed: shuffle seed; must be the same on every rank.
         drop_last: ``False`` (default): every sample is used exactly once; a rank with no row at
             the last step yields ``[]``. ``True``: the last step is dropped if any rank's row in it

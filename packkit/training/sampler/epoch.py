@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...planning import step_order
 from ...planning.planner import Plan, plan as make_plan
 from .ranks import deal_rows
 
@@ -69,7 +70,10 @@ def plan_epoch(lengths: np.ndarray, capacity: int, *, epoch: int, seed: int, shu
                algorithm: str, cost, overlong: str, world_size: int, rows_per_step: int,
                pad_to_multiple_of=None) -> EpochPlan:
     """The epoch's plan: a seeded permutation of the dataset, planned with ``world_size * rows_per_step``
-    rows per step, its steps shuffled (the incomplete last one kept last, or dropped with ``drop_last``)."""
+    rows per step, its steps shuffled (the incomplete last one kept last, or dropped with ``drop_last``).
+
+    ``shuffle=False``: dataset order, and the steps in the dataset order of their longest sample
+    (:mod:`packkit.planning.step_order`), not the planner's (which runs from the longest samples to the shortest)."""
     n = len(lengths)
     rng = np.random.default_rng((seed, epoch))
     permutation = rng.permutation(n).astype(np.int64) if shuffle else np.arange(n, dtype=np.int64)
@@ -83,7 +87,12 @@ def plan_epoch(lengths: np.ndarray, capacity: int, *, epoch: int, seed: int, shu
     # The planner puts empty rows only in its last step; that step stays last.
     incomplete = steps > 0 and plan.empty_bins > 0
     full = steps - 1 if incomplete else steps
-    order = rng.permutation(full).astype(np.int64) if shuffle else np.arange(full, dtype=np.int64)
+    keys = None
+    if not shuffle:
+        seg = plan.segments
+        seg_bin = np.repeat(np.arange(len(seg.bin_offsets) - 1, dtype=np.int64), np.diff(seg.bin_offsets))
+        keys = step_order.source_keys(seg_bin // plan.dp_size, seg.length, permutation[seg.seq_index], steps)[:full]
+    order = step_order.order_steps(full, shuffle=shuffle, rng=rng, keys=keys)
     dropped_last = np.zeros(0, np.int64)
     if incomplete:
         if drop_last:

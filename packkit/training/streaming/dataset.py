@@ -14,11 +14,12 @@ import torch.utils.data
 
 from ...context_parallel import cp_plan_multiple, parse_context_parallel
 from ...context_parallel.shard import check_cp_capacity
-from ...packing.checks import check_bool, check_pack_scalars, check_static_shape
+from ...packing.checks import check_bool, check_int, check_pack_scalars, check_static_shape
 from ...packing.fields import check_pad_values, check_policy
 from ...packing.multimodal import mrope_spec
 from ...packing.multimodal.mrope import check_mrope_start
 from ...packing.sequences import check_layout
+from ...planning import step_order
 from ...planning.planner import _as_count, check_plan_choices, plan as make_plan
 from .examples import example_pieces
 from .items import item_of, items_of
@@ -52,6 +53,10 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             reads at least ``buffer_size - max_carry`` new pieces).
         max_carries: most times one piece is carried, so no example waits more than ``max_carries``
             extra buffers (default 8; 0 turns carrying off).
+        shuffle, seed: the order of each buffer's rows: a random permutation drawn from ``(seed, epoch, shard,
+            buffer)`` (default), or with ``shuffle=False`` the source order of each row's longest example. Never
+            the planner's order, which runs from the longest examples to the shortest in every buffer. The
+            rows waiting to be yielded are in the state, so a resume continues the same order.
         return_example_ids: add ``example_ids`` (source positions of each row's segments, in row order) to
             every item; off by default since models reject unknown keyword arguments.
         rank, world_size: data-parallel sharding; default: ``torch.distributed`` when initialised, else
@@ -78,7 +83,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                  pad_token_id: int = 0, ignore_index: int = -100, mask_first_label: bool = True,
                  position_ids_start: int = 0, input_key: str = "input_ids", label_key: Optional[str] = "labels",
                  carry_threshold: float = 0.99, max_carry: Optional[int] = None, max_carries: int = 8,
-                 return_example_ids: bool = False,
+                 return_example_ids: bool = False, shuffle: bool = True, seed: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None, pad_values: Optional[dict] = None,
                  extra_fields: str = "error", mrope=None, context_parallel=None):
         super().__init__()
@@ -120,6 +125,8 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"max_carries must be a non-negative int, got {max_carries!r}")
         self.max_carries = int(max_carries)
         self.return_example_ids = check_bool(return_example_ids, "return_example_ids")
+        self.shuffle = check_bool(shuffle, "shuffle")
+        self.seed = check_int(seed, "seed", 0)
 
         self.pad_values, self.extra_fields = check_pad_values(pad_values), check_policy(extra_fields)
         if mrope is not None:
@@ -281,10 +288,23 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             carry = [i for b in np.flatnonzero(~keep) for i in bins[b].tolist()]
             progress.carry = [pool[i] for i in carry]
             progress.carry_ages = [ages[i] + 1 for i in carry]
-            for b in np.flatnonzero(keep):
+            for b in self._row_order(progress, bins, np.flatnonzero(keep), lengths, pool):
                 ready.append(sorted((pool[i] for i in bins[b].tolist()), key=lambda p: (p[0], p[1])))
             yield from self._drain(progress, exhausted)
         yield from self._drain(progress, True)
+
+    def _row_order(self, progress: Progress, bins, kept: np.ndarray, lengths: np.ndarray, pool: list) -> np.ndarray:
+        """The kept rows of a buffer in the order they are yielded (see ``shuffle``). The generator is keyed by
+        where the buffer ends in the source, so a resumed pass draws the same orders."""
+        keys = None
+        if not self.shuffle:
+            members = [bins[b] for b in kept]
+            step_of = np.repeat(np.arange(len(kept), dtype=np.int64), [len(m) for m in members])
+            flat = np.concatenate(members) if members else np.zeros(0, np.int64)
+            positions = np.fromiter((pool[i][0] for i in flat.tolist()), np.int64, len(flat))
+            keys = step_order.source_keys(step_of, lengths[flat], positions, len(kept))
+        rng = np.random.default_rng((self.seed, progress.epoch, progress.shard, progress.next_position))
+        return kept[step_order.order_steps(len(kept), shuffle=self.shuffle, rng=rng, keys=keys)]
 
     def __repr__(self) -> str:
         return (f"PackedIterableDataset(capacity={self.capacity}, buffer_size={self.buffer_size}, "
