@@ -120,7 +120,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cpu(
     const int64_t len = int64_t{cu[s + 1]} - cu[s];
     STD_TORCH_CHECK(len >= 0, "packkit::cp_shard: cu_seqlens must be non-decreasing (at ", s, ")");
     if (from) {
-      STD_TORCH_CHECK(from[s] >= -1 && (from[s] < 0 || from[s] + len <= num_src), "packkit::cp_shard: seg_src[", s,
+      STD_TORCH_CHECK(from[s] >= -1 && (from[s] < 0 || from[s] <= num_src - len), "packkit::cp_shard: seg_src[", s,
                       "] = ", from[s], " puts the segment's ", len, " tokens outside the ", num_src,
                       "-token source (or is < -1)");
     }

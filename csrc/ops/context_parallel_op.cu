@@ -15,11 +15,13 @@
 #include <tuple>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 
 #include "context_parallel.hpp"
 #include "cuda_launch.cuh"
+#include "launch_sizes.hpp"
 #include "ops.hpp"
 #include "pack_checks.hpp"
 
@@ -58,9 +60,13 @@ __global__ void cp_shard_kernel(const Id* __restrict__ ids, const Label* __restr
     } else if (w.src >= 0) {
       const int64_t o = w.src - begin;  // offset in the segment
       const int64_t from = in_seg ? seg_src[w.seg] : -1;
-      const int64_t q = from + o;  // the token in the unpacked source
+      // The token in the unpacked source. Every term is bounded before the read: with inconsistent
+      // cu_seqlens (say starting at 5) the row position lies before its segment (o < 0) and from + o
+      // would read before input_ids; a huge seg_src must not wrap either.
+      const bool inside = from >= 0 && o >= 0 && o < end - begin && from < num_src && o < num_src - from;
+      const int64_t q = inside ? from + o : -1;
       out_pos[j] = position_start + o;
-      if (from >= 0 && q < num_src) {
+      if (inside) {
         out_ids[j] = ids[q];
         out_split[j] = (o == 0 && has_first) ? static_cast<Label>(first_label) : labels[q];
         out_labels[j] = (w.src + 1 < end && q + 1 < num_src) ? labels[q + 1] : ignore;
@@ -95,11 +101,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> cp_shard_cuda(
   check_cp_shard_args(input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, cp_size, cp_rank, out_len,
                       seg_src, first_label);
   STD_TORCH_CHECK(input_ids.is_cuda(), "packkit::cp_shard: inputs must be CUDA tensors here");
+  // The tensors' device, not the current one: its stream, its allocations, its launch.
+  torch::stable::accelerator::DeviceGuard guard(input_ids.get_device_index());
+  check_aligned("cp_shard", {{"input_ids", &input_ids}, {"labels", &labels}, {"cu_seqlens", &cu_seqlens},
+                             {"cu_seqlens_padded", &cu_seqlens_padded}});
+  if (position_ids) check_aligned("cp_shard", {{"position_ids", &*position_ids}});
+  if (seg_src) check_aligned("cp_shard", {{"seg_src", &*seg_src}});
   const CpShardOutputs out(input_ids, labels, out_len);
   if (out_len == 0) return out.tuple();
   const int64_t num_segments = cu_seqlens.numel() - 1;
   const int64_t num_tokens = input_ids.numel();
-  const int64_t blocks = std::min<int64_t>((out_len + kCpThreads - 1) / kCpThreads, 65535);
+  const int64_t blocks = launch::strided(out_len, kCpThreads, 65535);  // a grid-stride loop covers the rest
   cudaStream_t stream = current_stream(input_ids);
   dispatch_cp_shard_types(input_ids, labels, [&](auto id_tag, auto label_tag) {
     using Id = decltype(id_tag);

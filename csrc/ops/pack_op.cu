@@ -3,7 +3,10 @@
 // Two kernels do the work:
 //   * layout_kernel (one block): scans the plan's segment lengths into cu_seqlens and cu_seg, adding
 //     each row's padding tail as its own segment. One block is enough: it touches each segment once
-//     and is small next to moving the tokens.
+//     and is small next to moving the tokens. Entries past the produced segments (a caller's
+//     num_cu_seqlens larger than the plan's, which only check_plan can see) are empty padding segments
+//     at the end (cu = the packed token count, cu_seg = -1), as the Triton kernel writes them; the CPU op,
+//     which has the data, refuses such a call.
 //   * the gather kernels: each block owns a tile of output positions; it finds the first and last
 //     output segment of its tile in cu_seqlens once, then every thread binary-searches only that
 //     short range for each of its positions and copies (or pads) one element. Writes are coalesced;
@@ -34,13 +37,18 @@
 #include <torch/csrc/stable/library.h>
 
 #include "cuda_launch.cuh"
+#include "launch_sizes.hpp"
 #include "ops.hpp"
 #include "pack_checks.hpp"
 
 namespace packkit::ops {
 namespace {
 
-constexpr int kLayoutThreads = 1024;
+// 512 with __launch_bounds__: the scan needs 88 registers per thread on sm_90 and 93 on sm_100 unbounded, so
+// 1,024 threads (90,112 registers) could not launch; bounded to 512 threads ptxas fits it in 40 (sm_80),
+// 64 (sm_90a) and 61 (sm_100) registers without spills (1,024 bounded: 64 with 272-304 bytes of spills).
+// tools/check_cuda_resources.py checks registers x block for every kernel and architecture.
+constexpr int kLayoutThreads = 512;
 constexpr int kThreads = 256;
 constexpr int kItems = 8;  // positions per thread per tile
 constexpr int64_t kTile = int64_t{kThreads} * kItems;
@@ -55,7 +63,17 @@ __device__ __forceinline__ int64_t bounded_length(int64_t length, int64_t row_le
   return min(max(length, int64_t{0}), row_len);
 }
 
-__global__ void layout_kernel(const int64_t* __restrict__ seg_length, const int64_t* __restrict__ bin_offsets,
+// cu[k] = total, cu_seg[k] = -1 for k in [produced, last], then cu[last] = total: every entry is written.
+__device__ __forceinline__ void fill_rest(int32_t* __restrict__ cu, int32_t* __restrict__ cu_seg, int64_t produced,
+                                          int64_t last, int64_t total) {
+  for (int64_t k = max(produced, int64_t{0}) + threadIdx.x; k < last; k += blockDim.x) {
+    cu[k] = static_cast<int32_t>(total);
+    cu_seg[k] = -1;
+  }
+  if (threadIdx.x == 0) cu[last] = static_cast<int32_t>(total);
+}
+
+__global__ void __launch_bounds__(kLayoutThreads) layout_kernel(const int64_t* __restrict__ seg_length, const int64_t* __restrict__ bin_offsets,
                               int64_t num_bins, int64_t num_segments, int64_t num_rows, int64_t row_len, bool flat,
                               int32_t* __restrict__ cu, int32_t* __restrict__ cu_seg, int64_t num_cu) {
   using Scan = cub::BlockScan<int64_t, kLayoutThreads>;
@@ -80,13 +98,12 @@ __global__ void layout_kernel(const int64_t* __restrict__ seg_length, const int6
       carry += aggregate;
       __syncthreads();  // scan_storage is reused by the next chunk
     }
-    if (threadIdx.x == 0) {
-      if (carry < row_len && num_segments < last) {
-        cu[num_segments] = static_cast<int32_t>(carry);
-        cu_seg[num_segments] = -1;
-      }
-      cu[last] = static_cast<int32_t>(row_len);
+    const bool pad = carry < row_len;
+    if (threadIdx.x == 0 && pad && num_segments < last) {
+      cu[num_segments] = static_cast<int32_t>(carry);
+      cu_seg[num_segments] = -1;
     }
+    fill_rest(cu, cu_seg, num_segments + (pad ? 1 : 0), last, row_len);
     return;
   }
   for (int64_t base = 0; base < num_rows; base += kLayoutThreads) {
@@ -117,7 +134,7 @@ __global__ void layout_kernel(const int64_t* __restrict__ seg_length, const int6
     carry += aggregate;
     __syncthreads();
   }
-  if (threadIdx.x == 0) cu[last] = static_cast<int32_t>(num_rows * row_len);
+  fill_rest(cu, cu_seg, carry, last, num_rows * row_len);
 }
 
 void launch_layout(const Tensor& seg_length, const Tensor& bin_offsets, int64_t num_rows, int64_t row_len, bool flat,
@@ -187,13 +204,36 @@ template <> struct Word<4> { using T = uint32_t; };
 template <> struct Word<8> { using T = uint64_t; };
 template <> struct alignas(16) Word<16> { using T = ulonglong2; };
 
-// --- pack: any dtype (copied as W-byte words), F feature elements per token --------------------
+// A fill value as the `ratio` words of one element: an element is copied in narrower words when an address is
+// not aligned to its size (launch::aligned_word), and word i of a token record is then pattern.w[i % ratio].
+template <typename T> struct Pattern {
+  T w[16 / sizeof(T)];
+  __device__ __forceinline__ T at(int64_t word, int ratio) const { return ratio == 1 ? w[0] : w[word % ratio]; }
+};
+
+template <typename T>
+Pattern<T> pattern_of(const std::array<uint8_t, 16>& bytes, int ratio) {
+  Pattern<T> p{};
+  std::memcpy(&p.w, bytes.data(), sizeof(T) * ratio);
+  return p;
+}
+
+// Blocks of a tiled gather, refused on the host past what a device accepts (2^31 - 1 blocks: 2^42 words).
+inline unsigned gather_blocks(int64_t work, const char* op) {
+  const int64_t blocks = launch::tiles(work, kTile);
+  STD_TORCH_CHECK(blocks >= 0, "packkit::", op, ": ", work, " elements need more than 2^31 - 1 blocks of ", kTile,
+                  "; split the batch");
+  return static_cast<unsigned>(blocks);
+}
+
+// --- pack: any dtype (copied as words T, `ratio` words per element), F words per token ---------------
 template <typename T>
 __global__ void pack_kernel(const T* __restrict__ src, const int64_t* __restrict__ src_offsets,
                             const int64_t* __restrict__ seg_seq, const int64_t* __restrict__ seg_start,
                             const int32_t* __restrict__ cu, const int32_t* __restrict__ cu_seg, int64_t num_segments,
                             int64_t num_plan_segments, int64_t num_sources, int64_t src_tokens, int64_t features,
-                            int64_t total_elems, T pad, T first, bool has_first, T* __restrict__ out) {
+                            int64_t total_elems, Pattern<T> pad, Pattern<T> first, int ratio, bool has_first,
+                            T* __restrict__ out) {
   const int64_t e0 = int64_t{blockIdx.x} * kTile, e1 = min(e0 + kTile, total_elems);
   int64_t lo, hi;
   tile_range(cu, num_segments, e0 / features, (e1 - 1) / features + 1, lo, hi);
@@ -201,27 +241,27 @@ __global__ void pack_kernel(const T* __restrict__ src, const int64_t* __restrict
     const int64_t p = e / features, f = e - p * features;
     const Source s = locate(cu, cu_seg, seg_seq, seg_start, src_offsets, lo, hi, p, num_plan_segments, num_sources,
                             src_tokens);
-    T value = pad;
-    if (s.row >= 0) value = (has_first && s.off == 0) ? first : src[s.row * features + f];
+    T value = pad.at(f, ratio);
+    if (s.row >= 0) value = (has_first && s.off == 0) ? first.at(f, ratio) : src[s.row * features + f];
     out[e] = value;
   }
 }
 
+// W: the word size (the element size, or narrower for a misaligned tensor: ratio words per element);
+// features and total_elems count words.
 template <int W>
 void launch_pack(const Tensor& src, const Tensor& src_offsets, const Tensor& seg_seq, const Tensor& seg_start,
-                 const Tensor& cu, const Tensor& cu_seg, int64_t features, int64_t total_elems,
+                 const Tensor& cu, const Tensor& cu_seg, int64_t features, int64_t total_elems, int ratio,
                  const std::array<uint8_t, 16>& pad, const std::optional<std::array<uint8_t, 16>>& first,
                  const Tensor& out, cudaStream_t stream) {
   using T = typename Word<W>::T;
-  T pad_word, first_word{};
-  std::memcpy(&pad_word, pad.data(), W);
-  if (first) std::memcpy(&first_word, first->data(), W);
-  const int64_t blocks = (total_elems + kTile - 1) / kTile;
+  const unsigned blocks = gather_blocks(total_elems, "pack");
   pack_kernel<T><<<blocks, kThreads, 0, stream>>>(
       static_cast<const T*>(src.const_data_ptr()), src_offsets.const_data_ptr<int64_t>(),
       seg_seq.const_data_ptr<int64_t>(), seg_start.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(),
       cu_seg.const_data_ptr<int32_t>(), cu_seg.numel(), seg_seq.numel(), src_offsets.numel() - 1, src.size(0), features,
-      total_elems, pad_word, first_word, first.has_value(), static_cast<T*>(out.mutable_data_ptr()));
+      total_elems, pattern_of<T>(pad, ratio), pattern_of<T>(first.value_or(std::array<uint8_t, 16>{}), ratio), ratio,
+      first.has_value(), static_cast<T*>(out.mutable_data_ptr()));
   check_launch("pack");
 }
 
@@ -260,7 +300,7 @@ void launch_pack_batch(const Tensor& ids_src, const Tensor& labels_src, const Te
                        int64_t total, int64_t pad_id, int64_t ignore_index, bool mask_first_label,
                        int64_t position_start, const Tensor& ids, const Tensor& labels, const Tensor& positions,
                        const Tensor& seq_idx, cudaStream_t stream) {
-  const int64_t blocks = (total + kTile - 1) / kTile;
+  const unsigned blocks = gather_blocks(total, "pack_batch");
   pack_batch_kernel<Id, Label><<<blocks, kThreads, 0, stream>>>(
       ids_src.const_data_ptr<Id>(), labels_src.const_data_ptr<Label>(), src_offsets.const_data_ptr<int64_t>(),
       seg_seq.const_data_ptr<int64_t>(), seg_start.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(),
@@ -273,9 +313,9 @@ void launch_pack_batch(const Tensor& ids_src, const Tensor& labels_src, const Te
 
 // --- unpack: fill with pad, then scatter every kept element back ---------------------------------
 template <typename T>
-__global__ void fill_kernel(T* __restrict__ out, int64_t count, T value) {
+__global__ void fill_kernel(T* __restrict__ out, int64_t count, Pattern<T> value, int ratio) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
-    out[i] = value;
+    out[i] = value.at(i, ratio);
   }
 }
 
@@ -313,20 +353,19 @@ __global__ void unpack_kernel(const T* __restrict__ packed, const int64_t* __res
 template <int W>
 void launch_unpack(const Tensor& packed, const int64_t* src_offsets, int64_t num_sources, const Tensor& seg_seq,
                    const Tensor& seg_start,
-                   const Tensor& cu, const Tensor& cu_seg, int64_t features, int64_t total_elems,
+                   const Tensor& cu, const Tensor& cu_seg, int64_t features, int64_t total_elems, int ratio,
                    int64_t padded_max_len, int64_t out_tokens, const std::array<uint8_t, 16>& pad, const Tensor& out,
                    cudaStream_t stream) {
   using T = typename Word<W>::T;
-  T pad_word;
-  std::memcpy(&pad_word, pad.data(), W);
   const int64_t out_elems = out_tokens * features;
   if (out_elems > 0) {
-    const int64_t blocks = std::min<int64_t>((out_elems + kThreads - 1) / kThreads, 65536);
-    fill_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(out.mutable_data_ptr()), out_elems, pad_word);
+    const int64_t blocks = launch::strided(out_elems, kThreads, 65536);
+    fill_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(static_cast<T*>(out.mutable_data_ptr()),
+                                                                         out_elems, pattern_of<T>(pad, ratio), ratio);
     check_launch("unpack");
   }
   if (total_elems > 0 && out_elems > 0) {
-    unpack_kernel<T><<<(total_elems + kTile - 1) / kTile, kThreads, 0, stream>>>(
+    unpack_kernel<T><<<gather_blocks(total_elems, "unpack"), kThreads, 0, stream>>>(
         static_cast<const T*>(packed.const_data_ptr()), src_offsets, seg_seq.const_data_ptr<int64_t>(),
         seg_start.const_data_ptr<int64_t>(), cu.const_data_ptr<int32_t>(), cu_seg.const_data_ptr<int32_t>(),
         cu_seg.numel(), seg_seq.numel(), num_sources, features, total_elems, padded_max_len, out_tokens,
@@ -356,6 +395,8 @@ void layout_out_cuda(const Tensor& seg_length, const Tensor& bin_offsets, int64_
   check_cuda(seg_length, "layout", "seg_length");
   torch::stable::accelerator::DeviceGuard guard(seg_length.get_device_index());
   const Tensor lengths = torch::stable::contiguous(seg_length), offsets = torch::stable::contiguous(bin_offsets);
+  check_aligned("layout", {{"seg_length", &lengths}, {"bin_offsets", &offsets}, {"cu_seqlens", &cu_seqlens},
+                           {"cu_seg", &cu_seg}});
   launch_layout(lengths, offsets, num_rows, row_len, flat, cu_seqlens, cu_seg, current_stream(lengths));
 }
 
@@ -375,14 +416,20 @@ void pack_cuda_impl(const char* op, const Tensor& src, const Tensor& src_offsets
   const Tensor offs = torch::stable::contiguous(src_offsets), sq = torch::stable::contiguous(seg_seq);
   const Tensor st = torch::stable::contiguous(seg_start), cu = torch::stable::contiguous(cu_seqlens);
   const Tensor cs = torch::stable::contiguous(cu_seg);
+  check_aligned(op, {{"src_offsets", &offs}, {"seg_seq", &sq}, {"seg_start", &st}, {"cu_seqlens", &cu},
+                     {"cu_seg", &cs}});
   const int64_t features = feature_numel(s, 1), total_elems = total * features;
   const auto pad = value_bytes(pad_value, s.scalar_type());
   std::optional<std::array<uint8_t, 16>> first;
   if (first_value) first = value_bytes(*first_value, s.scalar_type());
   if (total_elems == 0) return;
   cudaStream_t stream = current_stream(s);
-  dispatch_width(s.element_size(), op, [&](auto w) {
-    launch_pack<decltype(w)::value>(s, offs, sq, st, cu, cs, features, total_elems, pad, first, out, stream);
+  const int64_t elem = s.element_size();
+  const int64_t word = launch::aligned_word(elem, {s.const_data_ptr(), out.const_data_ptr()});
+  const int ratio = static_cast<int>(elem / word);
+  dispatch_width(word, op, [&](auto w) {
+    launch_pack<decltype(w)::value>(s, offs, sq, st, cu, cs, features * ratio, total_elems * ratio, ratio, pad, first,
+                                    out, stream);
   });
 }
 
@@ -403,17 +450,23 @@ void unpack_cuda_impl(const char* op, const Tensor& packed, const std::optional<
     check_same_device(packed, *src_offsets, op, "packed", "src_offsets");
     STD_TORCH_CHECK(src_offsets->numel() >= 1, "packkit::", op, ": src_offsets needs num_sequences + 1 >= 1 entries");
     offs = torch::stable::contiguous(*src_offsets);
+    check_aligned(op, {{"src_offsets", &*offs}});
   }
+  check_aligned(op, {{"seg_seq", &sq}, {"seg_start", &st}, {"cu_seqlens", &cu}, {"cu_seg", &cs}});
   const int64_t token_dims = flat ? 1 : 2, features = feature_numel(p, token_dims);
   const int64_t out_rows = out.size(0), max_len = offs ? -1 : out.size(1);
   const int64_t out_tokens = max_len >= 0 ? out_rows * max_len : out_rows;
   const auto pad = value_bytes(pad_value, p.scalar_type());
   cudaStream_t stream = current_stream(p);
-  dispatch_width(p.element_size(), op, [&](auto w) {
+  const int64_t elem = p.element_size();
+  const int64_t word = launch::aligned_word(elem, {p.const_data_ptr(), out.const_data_ptr()});
+  const int ratio = static_cast<int>(elem / word);
+  dispatch_width(word, op, [&](auto w) {
     // Padded: sequences are output rows; flat: the entries of src_offsets.
     const int64_t num_sources = offs ? offs->numel() - 1 : out_rows;
     launch_unpack<decltype(w)::value>(p, offs ? offs->const_data_ptr<int64_t>() : nullptr, num_sources, sq, st, cu, cs,
-                                      features, tokens * features, max_len, out_tokens, pad, out, stream);
+                                      features * ratio, tokens * features * ratio, ratio, max_len, out_tokens, pad, out,
+                                      stream);
   });
 }
 
@@ -452,15 +505,18 @@ void pack_batch_out_cuda(const Tensor& input_ids, const std::optional<Tensor>& l
   torch::stable::accelerator::DeviceGuard guard(input_ids.get_device_index());
   const Tensor& cu = out_cu_seqlens;
   const Tensor& cu_seg = out_cu_seg;
-  {
-    const Tensor lengths = torch::stable::contiguous(seg_length), offsets = torch::stable::contiguous(bin_offsets);
-    launch_layout(lengths, offsets, num_rows, row_len, flat, cu, cu_seg, current_stream(lengths));
-  }
-  const int64_t total = flat ? row_len : num_rows * row_len;
-  if (total == 0) return;
+  const Tensor lengths = torch::stable::contiguous(seg_length), offsets = torch::stable::contiguous(bin_offsets);
   const Tensor ids_src = torch::stable::contiguous(input_ids), lab_src = torch::stable::contiguous(label_src);
   const Tensor offs = torch::stable::contiguous(src_offsets), sq = torch::stable::contiguous(seg_seq);
   const Tensor st = torch::stable::contiguous(seg_start);
+  check_aligned("pack_batch", {{"input_ids", &ids_src}, {"labels", &lab_src}, {"src_offsets", &offs},
+                               {"seg_seq", &sq}, {"seg_start", &st}, {"seg_length", &lengths},
+                               {"bin_offsets", &offsets}, {"out_input_ids", &out_input_ids},
+                               {"out_labels", &out_labels}, {"out_position_ids", &out_position_ids},
+                               {"out_seq_idx", &out_seq_idx}, {"out_cu_seqlens", &cu}, {"out_cu_seg", &cu_seg}});
+  launch_layout(lengths, offsets, num_rows, row_len, flat, cu, cu_seg, current_stream(lengths));
+  const int64_t total = flat ? row_len : num_rows * row_len;
+  if (total == 0) return;
   cudaStream_t stream = current_stream(ids_src);
   const bool ids64 = ids_src.scalar_type() == ScalarType::Long, lab64 = lab_src.scalar_type() == ScalarType::Long;
   auto go = [&](auto id_tag, auto label_tag) {

@@ -59,6 +59,9 @@ PACKKIT_TREE_HD Range row_nodes(const int64_t* row_offsets, int64_t r, int64_t m
 PACKKIT_TREE_HD int64_t cu_entry(int64_t e, const int64_t* row_offsets, const int64_t* dst, const int64_t* len,
                                  int64_t m, int64_t num_rows, int64_t row_len) {
   if (e >= m + num_rows) return num_rows * row_len;
+  // No rows but nodes (an inconsistent call: the CPU op refuses it): row_offsets has one entry, so there is no
+  // row to search.
+  if (num_rows <= 0) return 0;
   int64_t r = last_at_most(0, num_rows, e, [&](int64_t k) { return row_offsets[k] + k; });
   r = clamp(r, 0, num_rows - 1);
   const Range nodes = row_nodes(row_offsets, r, m);

@@ -30,8 +30,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> tree_pack_cpu(
   // Data checks: the layout the index math trusts.
   STD_TORCH_CHECK(ro[0] == 0 && ro[num_rows] == m, "packkit::tree_pack: row_offsets must run from 0 to the ", m,
                   " nodes");
+  // All of row_offsets before any node read: a later entry out of order (row_offsets [0, 100, 3] with 3 nodes)
+  // would otherwise walk row 0 past the node tables (a segfault found by tests/test_op_bounds.py).
   for (int64_t r = 0; r < num_rows; ++r) {
     STD_TORCH_CHECK(ro[r + 1] >= ro[r], "packkit::tree_pack: row_offsets must be non-decreasing (at row ", r, ")");
+  }
+  for (int64_t r = 0; r < num_rows; ++r) {
     int64_t at = r * row_len;
     for (int64_t i = ro[r]; i < ro[r + 1]; ++i) {
       STD_TORCH_CHECK(len[i] >= 0, "packkit::tree_pack: node_len[", i, "] = ", len[i], " is negative");

@@ -14,10 +14,12 @@
 #include <tuple>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 
 #include "cuda_launch.cuh"
+#include "launch_sizes.hpp"
 #include "ops.hpp"
 #include "pack_checks.hpp"
 #include "tree_pack.hpp"
@@ -48,7 +50,9 @@ __global__ void tree_pack_kernel(const Id* __restrict__ ids, const Label* __rest
     const tree::Range nodes = tree::row_nodes(row_offsets, r, m);
     const int64_t i = tree::last_at_most(nodes.lo, nodes.hi, j, [&](int64_t k) { return dst[k]; });
     const int64_t o = i >= nodes.lo ? j - dst[i] : -1;
-    const int64_t q = o >= 0 && o < len[i] ? src[i] + o : -1;
+    // src[i] + o in unsigned arithmetic: a huge node_src wraps out of range instead of overflowing.
+    const uint64_t q64 = static_cast<uint64_t>(src[i]) + static_cast<uint64_t>(o);
+    const int64_t q = o >= 0 && o < len[i] && q64 < static_cast<uint64_t>(num_src) ? static_cast<int64_t>(q64) : -1;
     if (q >= 0 && q < num_src) {
       out_ids[j] = ids[q];
       out_labels[j] = labels[q];
@@ -75,11 +79,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> tree_pack_cuda(
   check_tree_pack_args(input_ids, labels, node_src, node_dst, node_len, node_pos, node_end, row_offsets, num_rows,
                        row_len);
   STD_TORCH_CHECK(input_ids.is_cuda(), "packkit::tree_pack: inputs must be CUDA tensors here");
+  // The tensors' device, not the current one: its stream, its allocations, its launch.
+  torch::stable::accelerator::DeviceGuard guard(input_ids.get_device_index());
   const Tensor& label_src = labels.has_value() ? *labels : input_ids;
+  check_aligned("tree_pack", {{"input_ids", &input_ids}, {"labels", &label_src}, {"node_src", &node_src},
+                              {"node_dst", &node_dst}, {"node_len", &node_len}, {"node_pos", &node_pos},
+                              {"node_end", &node_end}, {"row_offsets", &row_offsets}});
   const int64_t m = node_src.numel();
   const TreePackOutputs out(input_ids, label_src, num_rows, row_len, m);
   const int64_t work = num_rows * row_len + m + num_rows + 1;
-  const int64_t blocks = std::min<int64_t>((work + kTreeThreads - 1) / kTreeThreads, 65535);
+  const int64_t blocks = launch::strided(work, kTreeThreads, 65535);  // a grid-stride loop covers the rest
   cudaStream_t stream = current_stream(input_ids);
   dispatch_tree_pack_types(input_ids, label_src, [&](auto id_tag, auto label_tag) {
     using Id = decltype(id_tag);
