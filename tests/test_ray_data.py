@@ -86,6 +86,11 @@ def test_same_rows_whatever_the_block_order_and_cut(shuffle, monkeypatch):
     real = ray.data.Dataset.to_arrow_refs
     monkeypatch.setattr(ray.data.Dataset, "to_arrow_refs", lambda self: real(self)[::-1])
     assert rows_of(packkit.pack_dataset(ray.data.from_arrow(parts), 256, **kw)) == reference
+    # Control: rows planned in the order the blocks came (keys that ignore the content) change with that order.
+    from packkit.datasets import ray_data
+
+    monkeypatch.setattr(ray_data, "content_order", lambda keys: np.arange(len(keys)))
+    assert rows_of(packkit.pack_dataset(ray.data.from_arrow(parts), 256, **kw)) != reference
 
 
 def test_content_keys_tell_rows_apart():

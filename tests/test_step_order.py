@@ -63,6 +63,21 @@ def test_spearman_matches_a_direct_computation():
     assert spearman(x, y) == pytest.approx(np.corrcoef(rx, ry)[0, 1])
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_source_keys_are_each_steps_longest_item_earliest_first(seed):
+    rng = np.random.default_rng(seed)
+    n, steps = int(rng.integers(1, 60)), int(rng.integers(1, 12))
+    step_of, length = rng.integers(0, steps, n), rng.integers(1, 6, n)  # ties on purpose
+    position = rng.permutation(10 * n)[:n]
+    expected = [min((-length[i], position[i]) for i in range(n) if step_of[i] == s)[1] if (step_of == s).any()
+                else np.iinfo(np.int64).max for s in range(steps)]
+    assert step_order.source_keys(step_of, length, position, steps).tolist() == expected
+    grouped = np.argsort(step_of, kind="stable")  # the grouped fast path gives the same
+    assert step_order.source_keys(step_of[grouped], length[grouped], position[grouped], steps).tolist() == expected
+    assert step_order.order_steps(steps, shuffle=False, keys=expected).tolist() == sorted(
+        range(steps), key=lambda k: (expected[k], k))
+
+
 # ------------------------------------------------------------------------------------------------- the paths
 def _stream_steps(shuffle: bool):
     from packkit.integrations.torchtitan import BalancedDocumentStream

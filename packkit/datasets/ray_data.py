@@ -160,7 +160,7 @@ def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = Non
 
     # Rows in the order of their content keys, not in the order the blocks came: the same rows and seed give the
     # same plan whatever block order Ray's scheduler delivered (issue 46).
-    canonical = np.lexsort((keys[:, 1], keys[:, 0]))
+    canonical = content_order(keys)
     p, segments, empty_removed = plan_rows(lengths[canonical], seq_length, algorithm=algorithm, overlong=overlong,
                                            dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed)
     seq, start, seg_len, bin_offsets = segments
@@ -208,6 +208,11 @@ def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = Non
         setattr(report, name, np.sort(canonical[getattr(report, name)]))
     logger.info("packkit.pack_dataset (ray): %s", report.summary())
     return (out, report) if return_report else out
+
+
+def content_order(keys: np.ndarray) -> np.ndarray:
+    """The rows (positions as read) sorted by their :func:`row_keys`: the order they are planned in."""
+    return np.lexsort((keys[:, 1], keys[:, 0]))
 
 
 def _arrow_type(dataset, name: str):

@@ -22,14 +22,21 @@ import numpy as np
 def source_keys(step_of: np.ndarray, length: np.ndarray, position: np.ndarray, num_steps: int) -> np.ndarray:
     """int64 ``[num_steps]``: the source position of each step's longest item (ties: the earliest position);
     ``step_of``, ``length``, ``position``: one entry per item (a step's items in any order). A step with no item
-    gets the int64 maximum."""
+    gets the int64 maximum. O(items) when the items come grouped by step, as every caller's do."""
     step_of = np.asarray(step_of, np.int64)
-    keys = np.full(num_steps, np.iinfo(np.int64).max, np.int64)
-    if len(step_of):
-        position = np.asarray(position, np.int64)
-        order = np.lexsort((position, -np.asarray(length, np.int64), step_of))
-        head = order[np.concatenate(([True], step_of[order][1:] != step_of[order][:-1]))]
-        keys[step_of[head]] = position[head]
+    never = np.iinfo(np.int64).max
+    keys = np.full(num_steps, never, np.int64)
+    if not len(step_of):
+        return keys
+    length, position = np.asarray(length, np.int64), np.asarray(position, np.int64)
+    if (step_of[1:] < step_of[:-1]).any():
+        by_step = np.argsort(step_of, kind="stable")
+        step_of, length, position = step_of[by_step], length[by_step], position[by_step]
+    counts = np.bincount(step_of, minlength=num_steps)
+    present = np.flatnonzero(counts)
+    starts = np.concatenate(([0], np.cumsum(counts[present])[:-1]))
+    longest = np.repeat(np.maximum.reduceat(length, starts), counts[present])
+    keys[present] = np.minimum.reduceat(np.where(length == longest, position, never), starts)
     return keys
 
 

@@ -103,8 +103,10 @@ class PlannedIterablePackingDataset(IterablePackingDataset):
         self.algorithm = algorithm or ("ogbfd" if self.dp_size > 1 else "obfd")
         if not isinstance(shuffle, bool):
             raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__} {shuffle!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int >= 0, got {type(seed).__name__} {seed!r}")
+        if seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed}")
         self.shuffle, self.seed = shuffle, seed
         self._order_key = [0, 0]  # (pass, buffer) of the next buffer's step order
 
