@@ -12,10 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import os
 import platform
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -85,15 +82,15 @@ def backends() -> dict:
     try:
         from ..packing import ops
 
-        cpu_loaded, cpu_error, has_cuda = True, None, ops.HAS_CUDA_KERNELS
+        cpu_loaded, cpu_error, has_cuda, cuda_error = True, None, ops.HAS_CUDA_KERNELS, ops.CUDA_LOAD_ERROR
     except Exception as e:  # a library that does not load is exactly what this command must report
-        cpu_loaded, cpu_error, has_cuda = False, f"{type(e).__name__}: {e}", False
+        cpu_loaded, cpu_error, has_cuda, cuda_error = False, f"{type(e).__name__}: {e}", False, None
     out["cpu"] = {"built": (here / "_ops.so").exists(), "file": "_ops.so", "loaded": cpu_loaded, "error": cpu_error,
                   "registered": [op for op in ("plan",) + OPS if cpu_loaded and _registered(f"packkit::{op}", "CPU")]}
     cuda_built = (here / "_ops_cuda.so").exists()
     out["cuda"] = {"built": cuda_built, "file": "_ops_cuda.so", "loaded": has_cuda,
                    "error": None if has_cuda else "not built" if not cuda_built else
-                   "torch is a CPU build" if not torch.version.cuda else "not loaded",
+                   "torch is a CPU build" if not torch.version.cuda else cuda_error or "not loaded",
                    "registered": [op for op in OPS if has_cuda and _registered(f"packkit::{op}", "CUDA")]}
     import importlib.util
 
@@ -154,33 +151,11 @@ def _older(have: str, need: str) -> bool:
 
 
 def run_selfcheck(backend: str, crash_control: bool = False, timeout: float = CHECK_TIMEOUT_S) -> dict:
-    """Runs the self-check of one backend in a child process; a crash is a result, not our crash."""
-    cmd = [sys.executable, "-m", "packkit.tools.selfcheck", backend] + (["--crash-control"] if crash_control else [])
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as e:
-        returncode, stderr = None, (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-    checks, running = [], None
-    for line in stdout.splitlines():
-        kind, _, rest = line.partition(" ")
-        if kind == "START":
-            running = rest
-        elif kind in ("PASS", "FAIL"):
-            name, _, detail = rest.partition("\t")
-            checks.append({"check": name, "result": kind, "detail": detail})
-            running = None
-    if running is not None or (returncode not in (0, 1)):
-        if returncode is None:
-            how = f"timed out after {timeout:.0f} s"
-        elif returncode < 0:
-            how = f"process killed by {signal.Signals(-returncode).name}"
-        else:
-            how = f"process exited with status {returncode}"
-        checks.append({"check": running or f"{backend} checks", "result": "CRASH", "detail": how,
-                       "stderr_tail": stderr.strip().splitlines()[-25:]})
-    return {"backend": backend, "returncode": returncode, "checks": checks}
+    """Runs the self-check of one backend in a child process; a crash is a result, not our crash (the same
+    runner ``backend="auto"`` checks a GPU's device paths with, packkit.packing.backend_check)."""
+    from ..packing.backend_check import run_selfcheck as run_child
+
+    return run_child(backend, crash_control=crash_control, timeout=timeout)
 
 
 def collect(selfcheck: bool = True, crash_control: bool = False) -> dict:
