@@ -15,12 +15,12 @@ import json
 import platform
 import sys
 from pathlib import Path
+from typing import Optional
 
 from .elf import mapped_libraries, newest_versions, read_elf
 
 OPS = ("layout", "pack", "pack_batch", "unpack", "unpack_padded", "layout_out", "pack_out", "pack_batch_out",
        "unpack_out", "unpack_padded_out", "cp_shard")
-CHECK_TIMEOUT_S = 300  # the first CUDA call and Triton's compiles take a while on a cold machine
 # A C++ exception thrown in an op unwinds through torch's frames: both must use one libstdc++ and one
 # libgcc_s unwinder. A module that links either statically turns every raised error into a crash.
 SHARED_RUNTIME = ("libstdc++.so.6", "libgcc_s.so.1")
@@ -150,9 +150,10 @@ def _older(have: str, need: str) -> bool:
     return tuple(map(int, have.split("."))) < tuple(map(int, need.split(".")))
 
 
-def run_selfcheck(backend: str, crash_control: bool = False, timeout: float = CHECK_TIMEOUT_S) -> dict:
+def run_selfcheck(backend: str, crash_control: bool = False, timeout: Optional[float] = None) -> dict:
     """Runs the self-check of one backend in a child process; a crash is a result, not our crash (the same
-    runner ``backend="auto"`` checks a GPU's device paths with, packkit.packing.backend_check)."""
+    runner ``backend="auto"`` checks a GPU's device paths with, packkit.packing.backend_check). Timeout: ``timeout``,
+    else ``$PACKKIT_CHECK_TIMEOUT``, else 300 s (a cold machine: the first CUDA call, Triton's compiles)."""
     from ..packing.backend_check import run_selfcheck as run_child
 
     return run_child(backend, crash_control=crash_control, timeout=timeout)
