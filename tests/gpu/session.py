@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -182,7 +183,7 @@ class Session:
     def diagnose(self) -> None:
         facts = ("import torch, sys; print(torch.__version__, torch.version.cuda, torch.version.git_version); "
                  "print('cxx11 abi', torch.compiled_with_cxx11_abi()); print(torch.__config__.show())")
-        script = (f'{self.py} -c "{facts}"; bash tests/gpu/run.sh diagnose; bash tests/gpu/run.sh build '
+        script = (f"{shlex.join([self.py, '-c', facts])}; bash tests/gpu/run.sh diagnose; bash tests/gpu/run.sh build "
                   f"&& bash tests/gpu/run.sh diagnose && bash tests/gpu/run.sh compare")
         status, secs = self.run("diagnose", ["bash", "-c", script])
         self.outcome("diagnose", status, secs, "a backend crashed: toolchain, throw probe, backtraces, a build from "
@@ -192,9 +193,9 @@ class Session:
         junit = self.work / "junit.xml"
         junit.unlink(missing_ok=True)
         cmd = [self.py, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
-               f"--junitxml={junit}", "-k", "cuda or triton or gpu"]
+               f"--junitxml={junit}", "-k", "(cuda or triton or gpu) and not test_session"]  # not itself again
         if _importable(self.py, "xdist"):
-            cmd += ["-n", os.environ.get("PACKKIT_TEST_WORKERS", "8"), "--dist", "loadfile"]
+            cmd += ["-n", os.environ.get("PACKKIT_TEST_WORKERS", "8" if self.gpu else "2"), "--dist", "loadfile"]
         if _importable(self.py, "pytest_timeout"):
             cmd += ["--timeout", "120"]
         cmd += [str(ROOT / f) for f in DEVICE_TEST_FILES]
@@ -219,8 +220,8 @@ class Session:
         semantics = [self.py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), "-k",
                      "varlen_attention_with_packkit or flex_attention_with_packkit",
                      str(ROOT / "tests/test_training_semantics.py")]
-        script = (f"{self.py} benchmarks/bench_shared_prefix.py {' '.join(mode)} || exit 1; "
-                  f"cd {self.neutral} && {' '.join(semantics)}")
+        script = (f"{shlex.join([self.py, 'benchmarks/bench_shared_prefix.py', *mode])} || exit 1; "
+                  f"cd {shlex.quote(str(self.neutral))} && {shlex.join(semantics)}")
         status, secs = self.run("prefix", ["bash", "-c", script], CAP["prefix"])
         if status == 0 and "LOSS DIFFERS" in (self.out / LOG["prefix"]).read_text():
             status = "a loss differs"
