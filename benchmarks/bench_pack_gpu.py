@@ -4,6 +4,7 @@ Run from the repository root::
 
     python benchmarks/bench_pack_gpu.py [--out PATH.json]        # on a CUDA GPU (< 6 min on one H100)
     python benchmarks/bench_pack_gpu.py --cpu [--out PATH.json]  # CPU tensors, tiny sizes (< 60 s): the harness
+    python benchmarks/bench_pack_gpu.py --quick [--cpu]          # pack_batch only: ~32K, 1M, 16M, 64M tokens
 
 Without ``--out`` the JSON goes to ``benchmarks/results/pack_gpu-<device slug>-<date>.json``.
 
@@ -455,7 +456,8 @@ def expect_equal(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
                                f"{want.flatten()[bad].item()}")
 
 
-def pack_batch_task(b: Bench, size: str, flat_cpu: torch.Tensor, plan_cpu: PlanTensors, interpret_ok: bool):
+def pack_batch_task(b: Bench, size: str, flat_cpu: torch.Tensor, plan_cpu: PlanTensors, interpret_ok: bool,
+                    gather: bool = True):
     """pack_batch rows for one (size, layout): copy, packkit CUDA/Triton/CPU, torch_gather."""
     dev = b.device
     tokens = plan_cpu.kept
@@ -488,9 +490,10 @@ def pack_batch_task(b: Bench, size: str, flat_cpu: torch.Tensor, plan_cpu: PlanT
         top = torch.ops.packkit.triton_pack_batch
         b.add("pack_batch", size, "packkit", "triton" + ("-interpreter" if dev.type == "cpu" else ""), tokens,
               nbytes, Rotating(lambda s: top(s, None, *p.args()), srcs), check, copy_row=copy_row)
-    b.add("pack_batch", size, "torch_gather", "torch", tokens, nbytes,
-          Rotating(lambda s: torch_pack_batch(s, p), srcs), check, copy_row=copy_row,
-          note="device-built index, repeat_interleave(output_size=), index_select")
+    if gather:
+        b.add("pack_batch", size, "torch_gather", "torch", tokens, nbytes,
+              Rotating(lambda s: torch_pack_batch(s, p), srcs), check, copy_row=copy_row,
+              note="device-built index, repeat_interleave(output_size=), index_select")
 
 
 def unpad_task(b: Bench, size: str, lengths: np.ndarray, flat_cpu: torch.Tensor, fla, fla_reason, interpret_ok):
@@ -649,6 +652,25 @@ def collate_task(b: Bench, label: str, n: int, capacity: int, seed: int):
           note="DataCollatorWithFlattening + .to(device) of every tensor, synchronize included")
 
 
+def run_quick(b: Bench, cpu_mode: bool) -> None:
+    """--quick: pack_batch only, CUDA and Triton against the copy_ roof of the same bytes, at a ~32K-token training
+    batch (flat), then 1M, 16M and 64M tokens at capacity 16384 (16K / 64K on --cpu)."""
+    lengths, flat = make_sequences(63, seed=11)
+    pack_batch_task(b, f"batch{int(lengths.sum()) // 1024}K-flat", flat,
+                    PlanTensors(packkit.plan(lengths, 8192), lengths, torch.device("cpu"), flat=True), True, gather=False)
+    targets = [("16K", 16 << 10), ("64K", 64 << 10)] if cpu_mode else [("1M", 1 << 20), ("16M", 16 << 20),
+                                                                        ("64M", 64 << 20)]
+    for label, target in targets:
+        if b.out_of_time("pack_batch", label):
+            continue
+        lengths, flat = make_sequences(target // 520, seed=1)
+        plan = packkit.plan(lengths, 16384)
+        pack_batch_task(b, f"{label}@16384", flat, PlanTensors(plan, lengths, torch.device("cpu"), flat=False,
+                                                               row_len=16384), False, gather=False)
+        del lengths, flat
+        gc.collect()
+
+
 def run(b: Bench, cpu_mode: bool) -> None:
     fla, fla_reason = load_fla() if not cpu_mode else (None, "not tried in --cpu (fla needs a CUDA GPU)")
     targets = [("16K", 16 << 10), ("64K", 64 << 10)] if cpu_mode else [("1M", 1 << 20), ("16M", 16 << 20),
@@ -704,6 +726,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cpu", action="store_true", help="CPU tensors, tiny sizes: exercises the harness")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/...)")
+    parser.add_argument("--quick", action="store_true", help="pack_batch only (CUDA, Triton, copy_ roof) at ~32K, "
+                        "1M, 16M and 64M tokens: the one-call GPU session's step (tests/gpu/run.sh session)")
     args = parser.parse_args()
     if not args.cpu and not torch.cuda.is_available():
         print("no CUDA GPU: run with --cpu for the CPU harness check", file=sys.stderr)
@@ -729,7 +753,7 @@ def main() -> int:
     print(f"bench_pack_gpu: {'CPU harness check' if args.cpu else torch.cuda.get_device_name(device)}; "
           f"columns: task size system backend tokens us GB/s of-copy launches syncs", flush=True)
     try:
-        run(b, args.cpu)
+        (run_quick if args.quick else run)(b, args.cpu)
     except Exception:  # noqa: BLE001 - keep the rows measured so far
         traceback.print_exc()
         b.failures.append("harness raised: " + traceback.format_exc().splitlines()[-1])
@@ -742,7 +766,8 @@ def main() -> int:
            "workload": {"lengths": f"uniform {LENGTHS[0]}..{LENGTHS[1]}", "token_ids": "3..31999 int64",
                         "planner": "obfd", "pad_id": PAD_ID, "ignore_index": IGNORE},
            "rows": b.rows}
-    name = f"pack_gpu-{device_slug(device.type == 'cuda')}-{doc['machine']['date']}.json"
+    doc["quick"] = args.quick
+    name = f"pack_gpu{'-quick' if args.quick else ''}-{device_slug(device.type == 'cuda')}-{doc['machine']['date']}.json"
     write_results(doc, name, args.out, quick=False)
     return 1 if b.failures else 0
 

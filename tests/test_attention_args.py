@@ -131,6 +131,18 @@ def test_varlen_refuses_cached_keys_devices_dtypes_and_windows_it_cannot_run():
                                               max_length_q=6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_varlen_refuses_fp32_and_fp64_on_cuda_by_name(dtype):
+    """On CUDA varlen_attn is FlashAttention (fp16 / bf16): fp32 / fp64 are refused by name before torch's own error
+    surfaces from the first layer; the CPU path runs them."""
+    with pytest.raises(ValueError, match=f"model type 'llama'.*{dtype} on CUDA is refused: .*bfloat16 and float16 "
+                                         "only"):
+        hf_attention.check_dtype(_module(), "cuda", dtype)
+    hf_attention.check_dtype(_module(), "cpu", dtype)
+    for ok in (torch.bfloat16, torch.float16):
+        hf_attention.check_dtype(_module(), "cuda", ok)
+
+
 def test_varlen_kernel_modes():
     """transformers' window w (a query sees keys i - j < w) is flash-attn's left window w - 1."""
     new, old = {"window_size": None}, {"is_causal": None}

@@ -148,6 +148,45 @@ def test_low_precision_is_close_to_fp64(dtype, tol):
         assert a.grad.dtype == dtype and _rel(a.grad.double(), b) <= 4 * tol
 
 
+def test_a_query_with_no_keys_folds_a_sink_into_zero_not_nan(monkeypatch):
+    """FlashAttention (CUDA fp16 / bf16) writes lse = +inf for a query with no key, the CPU and matmul paths -inf: a
+    sink folded into either must give out 0 and lse' = sink (the sink takes all the mass), with finite gradients. Fed
+    here as flash feeds it: the CPU forward's -inf turned into +inf; the control is the unguarded merge (NaN)."""
+    out = torch.randn(3, 2, 4, dtype=torch.float64)
+    lse = torch.tensor([[0.5, float("inf"), float("-inf")], [1.5, float("inf"), float("-inf")]], dtype=torch.float64)
+    sink = torch.tensor([0.3, -0.7], dtype=torch.float64)
+    got, merged = da.with_sink(out, lse, sink)
+    assert torch.equal(got[1:], torch.zeros_like(got[1:])) and torch.equal(merged[:, 1:], sink[:, None].expand(2, 2))
+    assert torch.allclose(got[0], out[0] * torch.sigmoid(lse[:, 0] - sink)[:, None])
+    control = torch.logaddexp(lse, sink[:, None])  # the merge before the guard
+    assert (out * torch.exp(lse - control).transpose(0, 1)[..., None])[1].isnan().all()
+    # Through doc_attention: document 1 has 2 queries and no key (cu_k repeats), non-causal.
+    cu_q, cu_k = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 4, 4], dtype=torch.int32)
+    p = da.spans(cu_q, cu_k, causal=False)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(5, 2, 8, dtype=torch.float64, generator=g)
+    k, v = (torch.randn(4, 2, 8, dtype=torch.float64, generator=g) for _ in range(2))
+    sink = sink.clone()
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, sink)]
+        o = da.doc_attention(*leaves[:3], p, 0.4, sink=leaves[3])
+        o.backward(torch.ones_like(o))
+        return [o.detach()] + [t.grad for t in leaves]
+
+    want = run()
+    forward = da.varlen_forward
+
+    def flash_like(*args, **kw):
+        o, l = forward(*args, **kw)
+        return o, l.masked_fill(l == float("-inf"), float("inf"))
+    monkeypatch.setattr(da, "varlen_forward", flash_like)
+    got = run()
+    assert torch.equal(got[0][3:], torch.zeros(2, 2, 8, dtype=torch.float64))
+    for a, b in zip(got, want):
+        assert not a.isnan().any() and torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_helper_refusals():
     q, k, v = _inputs([3, 4])
     p = _spans([3, 4])

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..packing import ops
+from ..packing.backend_check import HOST, on_host
 from ..packing.checks import check_bool, check_fill, check_int, integer_tokens
 from ..packing.sequences import PackInfo, _backend_for
 from ..packing.tensors import host_tensor, to_device
@@ -218,6 +219,8 @@ def _cp_op(backend: str):
         from ..triton_kernels import context_parallel as _triton_cp  # noqa: F401  (registers packkit::triton_cp_shard)
 
         return torch.ops.packkit.triton_cp_shard
+    if backend == HOST:  # backend="auto" on a GPU whose device paths failed their self-check
+        return on_host(torch.ops.packkit.cp_shard)
     return torch.ops.packkit.cp_shard
 
 

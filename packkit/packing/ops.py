@@ -5,6 +5,8 @@ and FakeTensor need to trace through them.
 """
 from __future__ import annotations
 
+import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -14,16 +16,41 @@ from .. import _planner
 # Compiled libraries sit beside the _planner extension (in site-packages, also for editable installs).
 _HERE = Path(_planner.__file__).resolve().parent
 torch.ops.load_library(str(_HERE / "_ops.so"))
-# CUDA kernels live in their own library: it needs libtorch_cuda, which a CPU torch lacks.
-if torch.version.cuda and (_HERE / "_ops_cuda.so").exists():
-    torch.ops.load_library(str(_HERE / "_ops_cuda.so"))
 
-HAS_CUDA_KERNELS = bool(torch.version.cuda) and (_HERE / "_ops_cuda.so").exists()
+
+def _load_cuda_kernels():
+    """(loaded, why not). CUDA kernels live in their own library: it needs libtorch_cuda, which a CPU torch lacks.
+    One that is there but does not load (built for another torch or CUDA: an undefined symbol, a missing library)
+    costs the CUDA kernels, never ``import packkit``: ``backend="auto"`` then takes Triton, else the CPU ops.
+    ``PACKKIT_OPS_CUDA_SO`` names another file to load, on any torch build (tests plant a broken one)."""
+    planted = os.environ.get("PACKKIT_OPS_CUDA_SO")
+    path = Path(planted) if planted else _HERE / "_ops_cuda.so"
+    if not planted and not (torch.version.cuda and path.exists()):
+        return False, "not built" if not path.exists() else "torch is a CPU build"
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as e:
+        cause = e.__cause__ or e.__context__  # torch's message names the file; the loader's says why
+        error = f"{type(e).__name__}: {e}" + (f" ({cause})" if cause is not None and str(cause) not in str(e) else "")
+        why = f"{path.name} did not load: {error}"
+        warnings.warn(f"packkit: {path} did not load ({error}); the CUDA kernels are disabled, "
+                      f"backend='auto' uses the Triton kernels, else the CPU ops. Rebuild or reinstall packkit for "
+                      f"this torch ({torch.__version__}); `packkit info` shows the build record", RuntimeWarning)
+        return False, why
+    return True, None
+
+
+HAS_CUDA_KERNELS, CUDA_LOAD_ERROR = _load_cuda_kernels()
 
 
 def has_cuda_kernels() -> bool:
     """Whether ``_ops_cuda.so`` is loaded (read at call time, so a test can patch ``HAS_CUDA_KERNELS``)."""
     return HAS_CUDA_KERNELS
+
+
+def cuda_kernels_status() -> str:
+    """Why the CUDA kernels are not loaded (or "loaded")."""
+    return "loaded" if HAS_CUDA_KERNELS else CUDA_LOAD_ERROR or "not loaded"
 
 
 @torch.library.register_fake("packkit::plan")

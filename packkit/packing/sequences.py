@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from ..planning.planner import Plan, Segments, as_lengths, plan as make_plan
-from .ops import has_cuda_kernels
+from .backend_check import HOST, auto_backend, on_host
+from .ops import cuda_kernels_status, has_cuda_kernels
 from .buffers import PackBuffers
 from .checks import (as_device, check_bool, check_fill, check_pack_scalars, check_padding, check_plan_covers,
                      check_token_ids, integer_tokens)
@@ -175,11 +176,11 @@ def _backend_for(device: torch.device, backend: str) -> str:
         return "cpu"
     if device.type != "cuda":
         raise ValueError(f"packkit packs on CPU or CUDA devices, got {device}")
-    if backend == "auto":
-        return "cuda" if has_cuda_kernels() else "triton"
+    if backend == "auto":  # the device paths that passed their self-check here (one dict lookup after the first)
+        return auto_backend(device)
     if backend == "cuda" and not has_cuda_kernels():
-        raise ValueError("backend='cuda' but packkit was built without CUDA kernels (CPU torch or no nvcc at "
-                         "build time); use backend='triton'")
+        raise ValueError(f"backend='cuda' but packkit's CUDA kernels are not loaded ({cuda_kernels_status()}: CPU "
+                         "torch, no nvcc at build time, or a build for another torch); use backend='triton'")
     if backend == "cpu":
         raise ValueError("backend='cpu' but the data is on a CUDA device")
     return backend
@@ -190,6 +191,8 @@ def _op(name: str, backend: str):
         from ..triton_kernels import pack as _triton_pack  # noqa: F401  (registers packkit::triton_*)
 
         return getattr(torch.ops.packkit, "triton_" + name)
+    if backend == HOST:  # backend="auto" on a GPU whose device paths failed their self-check
+        return on_host(getattr(torch.ops.packkit, name))
     return getattr(torch.ops.packkit, name)
 
 
@@ -263,7 +266,9 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
         position_ids_start: first position of every segment (2 for RoBERTa-style models).
         device: where to pack (default: where ``sequences`` are). On CUDA the host copies are
             non-blocking from pinned memory and the kernels never synchronise.
-        backend: ``"auto"`` (CUDA kernels if built, else Triton), ``"cpu"``, ``"cuda"``, ``"triton"``.
+        backend: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"triton"``. ``"auto"`` on CUDA takes the CUDA kernels,
+            else the compiled Triton ones, else the CPU ops, whichever first passed its self-check on this torch
+            build and GPU (once, in a child process, cached: :mod:`packkit.packing.backend_check`).
         return_info: also return a :class:`PackInfo` for :func:`unpack_sequences`.
         fields: other per-sample fields ``{name: [value per sequence]}`` (or, with ``lengths``, flat
             ``[sum(lengths), *f]`` tensors for per-token fields); see :mod:`packkit.fields`. Per-token fields

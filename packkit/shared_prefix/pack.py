@@ -11,6 +11,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
+from ..packing.backend_check import HOST, on_host
 from ..packing.sequences import BACKENDS, _backend_for
 from ..packing.tensors import host_tensor, to_device
 from .attention_meta import ATTENTION_PATHS, SharedPrefixAttention
@@ -79,6 +80,8 @@ def _tree_pack_op(backend: str):
         from ..triton_kernels import tree_pack as _triton  # noqa: F401  (registers packkit::triton_tree_pack)
 
         return torch.ops.packkit.triton_tree_pack
+    if backend == HOST:  # backend="auto" on a GPU whose device paths failed their self-check
+        return on_host(torch.ops.packkit.tree_pack)
     return torch.ops.packkit.tree_pack
 
 

@@ -12,18 +12,15 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import os
 import platform
-import signal
-import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 from .elf import mapped_libraries, newest_versions, read_elf
 
 OPS = ("layout", "pack", "pack_batch", "unpack", "unpack_padded", "layout_out", "pack_out", "pack_batch_out",
        "unpack_out", "unpack_padded_out", "cp_shard")
-CHECK_TIMEOUT_S = 300  # the first CUDA call and Triton's compiles take a while on a cold machine
 # A C++ exception thrown in an op unwinds through torch's frames: both must use one libstdc++ and one
 # libgcc_s unwinder. A module that links either statically turns every raised error into a crash.
 SHARED_RUNTIME = ("libstdc++.so.6", "libgcc_s.so.1")
@@ -85,15 +82,15 @@ def backends() -> dict:
     try:
         from ..packing import ops
 
-        cpu_loaded, cpu_error, has_cuda = True, None, ops.HAS_CUDA_KERNELS
+        cpu_loaded, cpu_error, has_cuda, cuda_error = True, None, ops.HAS_CUDA_KERNELS, ops.CUDA_LOAD_ERROR
     except Exception as e:  # a library that does not load is exactly what this command must report
-        cpu_loaded, cpu_error, has_cuda = False, f"{type(e).__name__}: {e}", False
+        cpu_loaded, cpu_error, has_cuda, cuda_error = False, f"{type(e).__name__}: {e}", False, None
     out["cpu"] = {"built": (here / "_ops.so").exists(), "file": "_ops.so", "loaded": cpu_loaded, "error": cpu_error,
                   "registered": [op for op in ("plan",) + OPS if cpu_loaded and _registered(f"packkit::{op}", "CPU")]}
     cuda_built = (here / "_ops_cuda.so").exists()
     out["cuda"] = {"built": cuda_built, "file": "_ops_cuda.so", "loaded": has_cuda,
                    "error": None if has_cuda else "not built" if not cuda_built else
-                   "torch is a CPU build" if not torch.version.cuda else "not loaded",
+                   "torch is a CPU build" if not torch.version.cuda else cuda_error or "not loaded",
                    "registered": [op for op in OPS if has_cuda and _registered(f"packkit::{op}", "CUDA")]}
     import importlib.util
 
@@ -153,34 +150,13 @@ def _older(have: str, need: str) -> bool:
     return tuple(map(int, have.split("."))) < tuple(map(int, need.split(".")))
 
 
-def run_selfcheck(backend: str, crash_control: bool = False, timeout: float = CHECK_TIMEOUT_S) -> dict:
-    """Runs the self-check of one backend in a child process; a crash is a result, not our crash."""
-    cmd = [sys.executable, "-m", "packkit.tools.selfcheck", backend] + (["--crash-control"] if crash_control else [])
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as e:
-        returncode, stderr = None, (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-    checks, running = [], None
-    for line in stdout.splitlines():
-        kind, _, rest = line.partition(" ")
-        if kind == "START":
-            running = rest
-        elif kind in ("PASS", "FAIL"):
-            name, _, detail = rest.partition("\t")
-            checks.append({"check": name, "result": kind, "detail": detail})
-            running = None
-    if running is not None or (returncode not in (0, 1)):
-        if returncode is None:
-            how = f"timed out after {timeout:.0f} s"
-        elif returncode < 0:
-            how = f"process killed by {signal.Signals(-returncode).name}"
-        else:
-            how = f"process exited with status {returncode}"
-        checks.append({"check": running or f"{backend} checks", "result": "CRASH", "detail": how,
-                       "stderr_tail": stderr.strip().splitlines()[-25:]})
-    return {"backend": backend, "returncode": returncode, "checks": checks}
+def run_selfcheck(backend: str, crash_control: bool = False, timeout: Optional[float] = None) -> dict:
+    """Runs the self-check of one backend in a child process; a crash is a result, not our crash (the same
+    runner ``backend="auto"`` checks a GPU's device paths with, packkit.packing.backend_check). Timeout: ``timeout``,
+    else ``$PACKKIT_CHECK_TIMEOUT``, else 300 s (a cold machine: the first CUDA call, Triton's compiles)."""
+    from ..packing.backend_check import run_selfcheck as run_child
+
+    return run_child(backend, crash_control=crash_control, timeout=timeout)
 
 
 def collect(selfcheck: bool = True, crash_control: bool = False) -> dict:

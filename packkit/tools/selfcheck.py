@@ -8,11 +8,14 @@ plain-PyTorch reference, ``tests/pack_reference.py`` (``tests/test_info.py`` che
 """
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import os
 import signal
 import sys
+import time
 import traceback
+from typing import Optional
 
 BACKENDS = ("cpu", "cuda", "triton")
 
@@ -175,12 +178,41 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-def run(backend: str, crash_control: bool = False) -> int:
+PLANTS = ("segv", "wrong", "hang")
+
+
+def _planted(checks, plant: str):
+    """``checks`` with the fault ``plant`` ("KIND:CHECK", KIND one of PLANTS) put into the named check: the seam
+    through which tests show a crash, a wrong answer and a hang are caught by the parent (packkit.packing.backend_check)."""
+    kind, _, target = plant.partition(":")
+    if kind not in PLANTS or target not in [name for name, _ in checks]:
+        raise ValueError(f"--plant {plant!r}: KIND:CHECK with KIND in {PLANTS} and CHECK one of this backend's checks")
+
+    def fault(fn):
+        def run():
+            if kind == "segv":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if kind == "hang":
+                time.sleep(3600)
+            fn()
+            raise AssertionError(f"{target}: planted wrong result")
+        return run
+
+    return [(name, fault(fn) if name == target else fn) for name, fn in checks]
+
+
+def run(backend: str, crash_control: bool = False, device: Optional[int] = None, plant: Optional[str] = None) -> int:
     """Runs every check of ``backend`` in this process, one line each; returns the number that failed."""
     failures = 0
     try:
+        if device is not None and backend != "cpu":
+            import torch
+
+            torch.cuda.set_device(device)
         checks = op_checks(backend)
         probes = error_probes(backend)
+        if plant:
+            checks = _planted(checks, plant)
     except Exception as e:  # the backend cannot even be set up: one failed check says why
         _say(f"START {backend} setup")
         _say(f"FAIL {backend} setup\t{type(e).__name__}: {e}")
@@ -212,13 +244,15 @@ def run(backend: str, crash_control: bool = False) -> int:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in BACKENDS:
-        print(f"usage: python -m packkit.tools.selfcheck {{{','.join(BACKENDS)}}} [--crash-control]", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(prog="python -m packkit.tools.selfcheck")
+    parser.add_argument("backend", choices=BACKENDS)
+    parser.add_argument("--crash-control", action="store_true", help="end with a probe that kills this process")
+    parser.add_argument("--device", type=int, help="the CUDA device index to check (default: the current one)")
+    parser.add_argument("--plant", metavar="KIND:CHECK", help=f"tests: a fault in one check, KIND in {PLANTS}")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     faulthandler.enable()  # a native crash prints the Python stack to stderr, which the parent keeps
     try:
-        return 1 if run(argv[0], crash_control="--crash-control" in argv) else 0
+        return 1 if run(args.backend, crash_control=args.crash_control, device=args.device, plant=args.plant) else 0
     except BaseException:
         traceback.print_exc()
         return 1

@@ -154,7 +154,9 @@ def varlen_backward(dout, q, k, v, out, lse, p, scale: float, softcap: Optional[
 
 def with_sink(out, lse, sink):
     """Fold a per-head sink logit into every row's softmax: it takes mass and adds no value, so with
-    ``lse' = logaddexp(lse, sink)`` the output is ``out * exp(lse - lse')`` and ``lse'`` is the full row's LSE."""
+    ``lse' = logaddexp(lse, sink)`` the output is ``out * exp(lse - lse')`` and ``lse'`` is the full row's LSE.
+    A query with no key (FlashAttention writes its lse as +inf, the others -inf) gets out 0 and ``lse' = sink``."""
+    lse = lse.masked_fill(lse == float("inf"), float("-inf"))
     merged = torch.logaddexp(lse, sink.to(lse.dtype)[:, None])
     return out * torch.exp(lse - merged).transpose(0, 1)[..., None], merged
 

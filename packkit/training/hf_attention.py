@@ -30,6 +30,7 @@ from .doc_attention import doc_attention, spans
 
 NAME = "packkit_varlen"
 CPU_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+CUDA_DTYPES = (torch.bfloat16, torch.float16)  # FlashAttention's (varlen_attn)
 
 
 def _varlen_api():
@@ -96,6 +97,18 @@ def _check_cpu_boundaries(module, cu_q, cu_k, max_q, max_k, tokens: int) -> None
                           f"({int(lengths.max())})", "pass the batch's own max_length_q / max_length_k")
 
 
+def check_dtype(module, device: str, dtype: torch.dtype) -> None:
+    """Refuse, by name, a dtype the device's kernel does not run: on CUDA before torch's own FlashAttention error
+    ("only support fp16 and bf16") surfaces from inside the first layer."""
+    if device == "cpu" and dtype not in CPU_DTYPES:
+        raise refusal(NAME, module, f"{dtype} on the CPU", "the CPU per-document attention runs float64, "
+                      "float32, bfloat16 and float16")
+    if device == "cuda" and dtype not in CUDA_DTYPES:
+        raise refusal(NAME, module, f"{dtype} on CUDA", "torch's varlen_attn (FlashAttention) runs bfloat16 and "
+                      "float16 only: load the model in bf16 (torch_dtype=torch.bfloat16), or use "
+                      "attn_implementation='sdpa' for fp32 / fp64")
+
+
 def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
                              scaling: Optional[float] = None, is_causal: Optional[bool] = None,
@@ -131,9 +144,7 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     if device not in ("cpu", "cuda"):
         raise refusal(NAME, module, f"tensors on {query.device}", "varlen attention runs on CUDA (torch's "
                       "varlen_attn) and on the CPU (per-document attention); use attn_implementation='sdpa'")
-    if device == "cpu" and query.dtype not in CPU_DTYPES:
-        raise refusal(NAME, module, f"{query.dtype} on the CPU", "the CPU per-document attention runs float64, "
-                      "float32, bfloat16 and float16")
+    check_dtype(module, device, query.dtype)
     if softcap is not None:
         if device == "cuda":
             raise refusal(NAME, module, f"attention logit soft-capping (softcap={softcap}) on CUDA",

@@ -2,7 +2,12 @@
 # One command that proves packkit's device paths on a CUDA machine:
 #
 #   bash tests/gpu/run.sh [wheel|build|diagnose|compare|test|sanitize|bench|prefix]   (no argument: all, in order)
+#   PACKKIT_GPU_OUT=$OUT bash tests/gpu/run.sh session    # one device call under a global deadline (session.py)
 #
+# session   tests/gpu/session.py: install the carried wheel (tools/gpu_bundle.sh), packkit info, a diagnosis if a
+#           backend crashed, the device tests, bench_pack_gpu --quick, the shared-prefix / varlen steps and a
+#           compute-sanitizer subset, in that order, under PACKKIT_DEADLINE (520 s); session.json and <= 6 logs
+#           written to $PACKKIT_GPU_OUT as each step ends
 # wheel     installs a carried wheel instead of building here (tools/build_wheel.sh on the CPU machine):
 #           $PACKKIT_WHEEL, else the newest dist/packkit-*-cpXY-*.whl for this Python; no network, no compiler
 # build     pip install -e . from this tree (no network, no build isolation); prints the GPU, torch /
@@ -236,6 +241,7 @@ run_step() {
 }
 
 case "${1:-all}" in
+  session) PYTHON=$PY exec "$PY" tests/gpu/session.py ;;  # the one-call session: its own JSON and logs
   wheel|build|diagnose|compare|test|sanitize|bench|prefix) run_step "$1"; status=$? ;;
   all)
     status=0
@@ -250,7 +256,7 @@ case "${1:-all}" in
     if [ "$(installed_from)" = build ]; then
       for s in test sanitize bench prefix; do run_step "$s" || status=1; done
     fi ;;
-  *) echo "usage: $0 [wheel|build|diagnose|compare|test|sanitize|bench|prefix]" >&2; exit 2 ;;
+  *) echo "usage: $0 [session|wheel|build|diagnose|compare|test|sanitize|bench|prefix]" >&2; exit 2 ;;
 esac
 $PY tests/gpu/summary.py show || status=1
 exit "$status"

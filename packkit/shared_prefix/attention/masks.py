@@ -10,6 +10,25 @@ from __future__ import annotations
 import torch
 
 _compiled = {}
+# Where flex and its block masks run compiled (eager flex on CUDA is the dense reference), and with which backend:
+# tests compile on the CPU with the "eager" backend to count Dynamo's graphs without code generation.
+COMPILE_ON = ("cuda",)
+COMPILE_BACKEND = "inductor"
+
+
+def compiled(name: str):
+    """``torch.compile`` of flex_attention (``"flex"``) or create_block_mask (``"block_mask"``), once per process,
+    with dynamic shapes: batches of other row counts and lengths reuse the compiled code (a few graphs in all, for
+    torch's 0/1 specialisations), where a static compile recompiled per shape until Dynamo's recompile limit (8)
+    fell back to eager flex and its dense S x S scores."""
+    key = (name, COMPILE_BACKEND)
+    fn = _compiled.get(key)
+    if fn is None:
+        from torch.nn.attention import flex_attention as flex_module
+
+        target = {"flex": flex_module.flex_attention, "block_mask": flex_module.create_block_mask}[name]
+        fn = _compiled[key] = torch.compile(target, dynamic=True, backend=COMPILE_BACKEND)
+    return fn
 
 
 def dense_tree_mask(subtree_end: torch.Tensor) -> torch.Tensor:
@@ -33,8 +52,8 @@ def tree_block_mask(subtree_end: torch.Tensor, *, block_size: int = 128):
         return (kv_idx <= q_idx) & (q_idx < se[b, kv_idx])
 
     batch, length = se.shape
-    return create_block_mask(mask_mod, batch, None, length, length, device=se.device, BLOCK_SIZE=block_size,
-                             _compile=se.device.type == "cuda")
+    make = compiled("block_mask") if se.device.type in COMPILE_ON else create_block_mask
+    return make(mask_mod, batch, None, length, length, device=se.device, BLOCK_SIZE=block_size)
 
 
 def dense_tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float,
@@ -61,9 +80,7 @@ def flex_tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     ``sink`` ``[H]``: applied from flex's LSE, ``out * sigmoid(lse - sink)``."""
     from torch.nn.attention import flex_attention as flex_module
 
-    fn = flex_module.flex_attention
-    if query.device.type == "cuda":  # eager flex on CUDA is the dense reference; compile it once per process
-        fn = _compiled.setdefault("flex", torch.compile(flex_module.flex_attention, dynamic=False))
+    fn = compiled("flex") if query.device.type in COMPILE_ON else flex_module.flex_attention
     kw = {}
     if softcap is not None:
         def score_mod(score, b, h, q_idx, kv_idx):
