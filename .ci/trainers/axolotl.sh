@@ -20,9 +20,17 @@ python3 -m venv "$VENV"
   datasets==4.8.4 numba==0.68.1 numpy pybind11 scikit-build-core cmake ninja pytest hypothesis
 "$VENV/bin/pip" install -q --no-deps axolotl==0.19.0 pillow==11.3.0 addict==2.4.0 colorama==0.4.6 posthog==6.7.11 \
   six==1.17.0 backoff==2.2.1 distro==1.9.0
+# What `axolotl train cfg.yml` (its CLI: the accelerate launcher, config loading, model and tokenizer loaders, the
+# trainer builder) imports beyond that, found by running it here (issue 47): each was missing in turn.
+"$VENV/bin/pip" install -q python-dotenv==1.0.1 fire==0.7.1 art==6.5 fastcore==2.2.41 evaluate==0.4.1 wandb==0.31.0 \
+  bitsandbytes==0.50.2 triton==3.9.0 axolotl-contribs-lgpl==0.0.7 axolotl-contribs-mit==0.0.6
 install_packkit "$VENV"
 echo "axolotl venv ready in $(( $(date +%s) - start )) s"
 "$PY" -P -m pytest -q -p no:cacheprovider tests/test_axolotl_sampler.py tests/test_axolotl_plugin.py
+# `axolotl train cfg.yml` itself, with the plugin and without (the control); timed apart for the CI budget.
+entry=$(date +%s)
+"$PY" -P -m pytest -q -p no:cacheprovider tests/test_axolotl_entry.py
+echo "axolotl entry-point test: $(( $(date +%s) - entry )) s"
 # The benchmark's axolotl script on 5,000 lengths (the contract's JSON rows; nothing kept).
 smoke=$(mktemp -d)
 "$PY" -P -c "import numpy as np; np.save('$smoke/l.npy', np.clip(np.round(np.exp(np.random.default_rng(0).normal(np.log(800), 0.932, 5000))), 16, 8192).astype(np.int64))"
