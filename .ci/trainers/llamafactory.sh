@@ -39,5 +39,6 @@ parent=$(cd .. && pwd)
 "$VENV/bin/python" -P -c "import torch, transformers, llamafactory.data.collator, packkit; \
 print('llamafactory venv: torch', torch.__version__, 'transformers', transformers.__version__)"
 echo "llamafactory venv ready in $(( $(date +%s) - start )) s"
-"$VENV/bin/python" -P -m pytest -q -p no:cacheprovider tests/test_llamafactory.py tests/test_llamafactory_rows.py
+"$VENV/bin/python" -P -m pytest -q -p no:cacheprovider tests/test_llamafactory.py tests/test_llamafactory_rows.py \
+    tests/test_llamafactory_entry.py
 echo "llamafactory stage: $(( $(date +%s) - start )) s"
