@@ -30,7 +30,8 @@ install_packkit "$VENV"
 "$VENV/bin/python" -P -c "import torch, transformers, swift.dataset.packing, swift.pipelines.train, packkit; \
 print('swift venv: torch', torch.__version__, 'transformers', transformers.__version__, 'ms-swift', swift.__version__)"
 echo "swift venv ready in $(( $(date +%s) - start )) s"
-"$VENV/bin/python" -P -m pytest -q -p no:cacheprovider tests/test_swift.py tests/test_swift_layout.py
+"$VENV/bin/python" -P -m pytest -q -p no:cacheprovider tests/test_swift.py tests/test_swift_layout.py \
+    tests/test_swift_entry.py
 # The benchmark script on 20,000 seed-001-profile lengths (its full run: benchmarks/bench_trainers.py --trainers swift).
 tmp=$(mktemp -d)
 "$VENV/bin/python" -P -c "import numpy as np; r = np.random.default_rng(0); \
