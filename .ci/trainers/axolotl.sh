@@ -9,6 +9,9 @@
 # Cost on the 2-core CPU machine, pip cache warm, machine shared with other jobs (2026-11-26): 6 min 27 s in all
 # (venv + packkit build 332 s, the tests 44 s, benchmark smoke ~10 s; the packkit-collator run added since: ~35 s);
 # venv 1.7 GB. pydantic (the plugin's schema keys) comes with transformers' dependencies.
+# Issue 47 (2026-11-27, measured on the 2-core VM while 8 jobs held it at load average ~20, pip cache warm): the
+# CLI's packages (third pip line) 312 s, venv 1.7 -> 3.0 GB (triton and bitsandbytes most of it);
+# tests/test_axolotl_entry.py (two `axolotl train` runs, ~100 s of it the CLI's imports per run at that load) 1037 s.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source .ci/trainers/lib.sh
@@ -27,10 +30,13 @@ python3 -m venv "$VENV"
 install_packkit "$VENV"
 echo "axolotl venv ready in $(( $(date +%s) - start )) s"
 "$PY" -P -m pytest -q -p no:cacheprovider tests/test_axolotl_sampler.py tests/test_axolotl_plugin.py
-# `axolotl train cfg.yml` itself, with the plugin and without (the control); timed apart for the CI budget.
-entry=$(date +%s)
-"$PY" -P -m pytest -q -p no:cacheprovider tests/test_axolotl_entry.py
-echo "axolotl entry-point test: $(( $(date +%s) - entry )) s"
+# `axolotl train cfg.yml` itself, with the plugin and without (the control; issue 47; PACKKIT_TRAINER_ENTRY=0 skips
+# it), timed apart for the CI budget.
+if [ "${PACKKIT_TRAINER_ENTRY:-1}" = 1 ]; then
+  entry=$(date +%s)
+  "$PY" -P -m pytest -q -p no:cacheprovider tests/test_axolotl_entry.py
+  echo "axolotl entry-point test: $(( $(date +%s) - entry )) s"
+fi
 # The benchmark's axolotl script on 5,000 lengths (the contract's JSON rows; nothing kept).
 smoke=$(mktemp -d)
 "$PY" -P -c "import numpy as np; np.save('$smoke/l.npy', np.clip(np.round(np.exp(np.random.default_rng(0).normal(np.log(800), 0.932, 5000))), 16, 8192).astype(np.int64))"
