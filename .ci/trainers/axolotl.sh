@@ -11,7 +11,8 @@
 # venv 1.7 GB. pydantic (the plugin's schema keys) comes with transformers' dependencies.
 # Issue 47 (2026-11-27, measured on the 2-core VM while 8 jobs held it at load average ~20, pip cache warm): the
 # CLI's packages (third pip line) 312 s, venv 1.7 -> 3.0 GB (triton and bitsandbytes most of it);
-# tests/test_axolotl_entry.py (two `axolotl train` runs, ~100 s of it the CLI's imports per run at that load) 1037 s.
+# tests/test_axolotl_entry.py (two `axolotl train` runs) 1037 s wall at that load, 90 s of CPU (user + sys), which is
+# about its wall time on a quiet machine (single-threaded runs); the third pip line used 33 s of CPU.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source .ci/trainers/lib.sh

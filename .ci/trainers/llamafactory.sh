@@ -10,7 +10,8 @@
 #   which packkit's tests do not use, fail loudly at first use).
 # packkit: see .ci/trainers/lib.sh (the main build's wheel, or an editable build of its own).
 # Issue 47: tests/test_llamafactory_entry.py (`python -m packkit.integrations.llamafactory.train` and
-# `llamafactory-cli train`, one YAML) measured 284 s on the 2-core VM at load average ~20 (2026-11-27).
+# `llamafactory-cli train`, one YAML) measured 284 s on the 2-core VM at load average ~20 (2026-11-27), 44 s of CPU
+# (user + sys: about its wall time on a quiet machine).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source .ci/trainers/lib.sh

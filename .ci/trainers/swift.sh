@@ -14,7 +14,8 @@
 # peft < 0.21). torch is pinned in the same pip call so it stays the CPU 2.13.0 wheel.
 # packkit: see .ci/trainers/lib.sh (the main build's wheel, or an editable build of its own).
 # Issue 47: tests/test_swift_entry.py (`swift sft` twice: packed on sdpa through the plugin, and unpacked) measured
-# 566 s with a third, refusal run since dropped, on the 2-core VM at load average ~20 (2026-11-27).
+# 566 s with a third, refusal run since dropped, on the 2-core VM at load average ~20 (2026-11-27); without it 300 s
+# wall at that load, 56 s of CPU (user + sys: about its wall time on a quiet machine).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source .ci/trainers/lib.sh
