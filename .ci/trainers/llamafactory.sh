@@ -9,6 +9,9 @@
 # - llamafactory/data/mm_plugin.py imports torchaudio at module level: a stub package stands in for it (audio inputs,
 #   which packkit's tests do not use, fail loudly at first use).
 # packkit: see .ci/trainers/lib.sh (the main build's wheel, or an editable build of its own).
+# Issue 47: tests/test_llamafactory_entry.py (`python -m packkit.integrations.llamafactory.train` and
+# `llamafactory-cli train`, one YAML) measured 284 s on the 2-core VM at load average ~20 (2026-11-27), 44 s of CPU
+# (user + sys: about its wall time on a quiet machine).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source .ci/trainers/lib.sh
@@ -40,4 +43,10 @@ parent=$(cd .. && pwd)
 print('llamafactory venv: torch', torch.__version__, 'transformers', transformers.__version__)"
 echo "llamafactory venv ready in $(( $(date +%s) - start )) s"
 "$VENV/bin/python" -P -m pytest -q -p no:cacheprovider tests/test_llamafactory.py tests/test_llamafactory_rows.py
+# The trainer's own command line with packkit (issue 47; PACKKIT_TRAINER_ENTRY=0 skips it), timed apart.
+if [ "${PACKKIT_TRAINER_ENTRY:-1}" = 1 ]; then
+  entry=$(date +%s)
+  "$VENV/bin/python" -P -m pytest -q -p no:cacheprovider tests/test_llamafactory_entry.py
+  echo "llamafactory entry-point test: $(( $(date +%s) - entry )) s"
+fi
 echo "llamafactory stage: $(( $(date +%s) - start )) s"

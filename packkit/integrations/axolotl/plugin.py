@@ -28,9 +28,12 @@ import logging
 from axolotl.integrations.base import BasePlugin
 
 from ...planning.cost_model import transformer_cost
+from ..start_line import start_line
 from .sampler import MultipackBatchSampler, default_dp_size
 
-LOG = logging.getLogger(__name__)
+# Under "axolotl.": axolotl's logging config (axolotl.logging_config) drops INFO records of every other logger (its
+# root handler's AxolotlOrWarnErrorFilter and root level WARNING); the "axolotl" logger prints INFO to stdout.
+LOG = logging.getLogger("axolotl.integrations.packkit")
 HF_DEFAULT_SEED = 42  # transformers.TrainingArguments.seed, what the trainer gets when the YAML sets none
 
 
@@ -129,8 +132,9 @@ def trainer_class(base, plugin: PackkitPlugin):
                 mp_start_method=self.args.sample_packing_mp_start_method or "fork",
                 dp_size=self.accelerator.num_processes, cost=plugin.resolve_cost(_model_config(self.model)),
                 seed=self.args.seed)
-            LOG.info("packkit plan: %d steps of %d ranks, balance %.5f (sum of step max / sum of step mean)",
-                     sampler.num_steps, sampler.dp_size, sampler.balance)
+            if self.accelerator.is_main_process:  # one line, not one per rank
+                line = start_line(sampler.num_steps, sampler.dp_size, sampler.balance, sampler.efficiency())
+                LOG.info(line if dataset is self.train_dataset else f"{line} (eval)")
             if len(sampler.dropped_last):
                 LOG.warning("packkit: %d samples of a last step no row could be split for are not trained this epoch",
                             len(sampler.dropped_last))

@@ -22,6 +22,22 @@ def example_lengths(dataset) -> np.ndarray:
     return np.asarray(pc.list_value_length(column).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
+def planned_figures(dataset) -> dict | None:
+    """``{"rows", "dp_size", "rows_per_rank", "balance", "efficiency"}`` of a :func:`pack_dataset` result (read back
+    from its description, which survives LLaMA-Factory's dataset handling), else None."""
+    if not is_planned(dataset):
+        return None
+    import re
+
+    found = dict(re.findall(r"(\w+)=([0-9.]+)", dataset.info.description))
+    rows = re.match(rf"{MARKER}: (\d+) rows", dataset.info.description)
+    if rows is None or not {"dp_size", "rows_per_rank", "balance", "efficiency"} <= found.keys():
+        return None
+    return {"rows": int(rows.group(1)), "dp_size": int(found["dp_size"]),
+            "rows_per_rank": int(found["rows_per_rank"]), "balance": float(found["balance"]),
+            "efficiency": float(found["efficiency"])}
+
+
 def is_planned(dataset) -> bool:
     """Whether ``dataset`` came from :func:`pack_dataset` (its row order is the plan's)."""
     info = getattr(dataset, "info", None)
@@ -73,5 +89,5 @@ def pack_dataset(dataset, cutoff_len: int, *, neat_packing: bool, pad_token_id: 
         packed = datasets.Dataset.from_dict(build_rows({}, [], cutoff_len=cutoff_len, neat_packing=neat_packing,
                                                        pad_token_id=int(pad_token_id)))
     packed.info.description = (f"{MARKER}: {len(plan.rows)} rows, dp_size={plan.dp_size}, rows_per_rank="
-                               f"{plan.rows_per_rank}, balance={plan.balance:.6f}")
+                               f"{plan.rows_per_rank}, balance={plan.balance:.6f}, efficiency={plan.efficiency:.6f}")
     return packed, plan

@@ -8,14 +8,16 @@ Two patches, both undone by :func:`uninstall`:
   one plan over the whole dataset instead of ``greedy_knapsack`` per ``preprocessing_batch_size`` chunk.
 * ``CustomSeq2SeqTrainer._get_train_sampler``: a sequential sampler for a packkit-planned train set, so the
   planned step order reaches accelerate's round-robin dealer intact (its random sampler would scatter a
-  step's rows over other steps; the plan's steps are already shuffled by ``seed``).
+  step's rows over other steps; the plan's steps are already shuffled by ``seed``). There, at train start, the
+  line ``packkit: N steps on R ranks, balance B, efficiency E`` goes to LLaMA-Factory's own log (rank 0).
 """
 from __future__ import annotations
 
 import copy
 import logging
 
-from .dataset import is_planned, pack_dataset
+from ..start_line import start_line
+from .dataset import is_planned, pack_dataset, planned_figures
 
 LOG = logging.getLogger(__name__)
 _SAVED: dict = {}
@@ -82,12 +84,26 @@ def install(*, cost="attention", dp_size: int | None = None, seed: int | None = 
         if is_planned(self.train_dataset):
             import torch
 
+            _log_start(self.train_dataset)
             return torch.utils.data.SequentialSampler(self.train_dataset)
         return original_sampler(self, *args, **kwargs)
 
     _SAVED["loader"], _SAVED["sampler"] = original, original_sampler
     loader._get_preprocessed_dataset = _get_preprocessed_dataset
     trainer.CustomSeq2SeqTrainer._get_train_sampler = _get_train_sampler
+
+
+def _log_start(dataset) -> None:
+    """The start line, in LLaMA-Factory's logger (its handler prints INFO; ``packkit.*`` loggers are not shown)."""
+    figures = planned_figures(dataset)
+    if figures is None:
+        return
+    from llamafactory.extras import logging as lf_logging
+
+    per_step = figures["dp_size"] * figures["rows_per_rank"]
+    steps = -(-figures["rows"] // per_step)  # the micro-steps each rank runs (the last step may be short)
+    lf_logging.get_logger("llamafactory.packkit").info_rank0(
+        start_line(steps, figures["dp_size"], figures["balance"], figures["efficiency"]))
 
 
 def uninstall() -> None:

@@ -8,7 +8,15 @@ because the trainer's ``BatchSamplerShard`` shuffles rows. So :func:`install` sw
   packed datasets from) -> :class:`PlannedPackingDataset` / :class:`PlannedIterablePackingDataset`;
 * inside ``DataLoaderMixin.get_train_dataloader`` (ms-swift's trainers inherit it), and only while its
   ``train_dataset`` is a :class:`PlannedPackingDataset`, ``BatchSamplerShard`` -> :class:`PlannedBatchSamplerShard`
-  (shuffles steps, not rows). Any other dataset gets ms-swift's own sampler.
+  (shuffles steps, not rows). Any other dataset gets ms-swift's own sampler. At that call (train start) the
+  planned dataset's line ``packkit: N steps on R ranks, balance B, efficiency E`` goes to ms-swift's log.
+* ``SftArguments._check_padding_free``: ms-swift refuses ``--packing`` / ``--padding_free`` unless ``--attn_impl``
+  is a flash-attn one. A packed row is exact on ``sdpa`` and ``eager`` too: ms-swift's padding-free collator gives
+  per-document ``position_ids`` and no attention mask, its trainer sets ``use_cache=False``, and transformers then
+  builds the per-document causal mask from the restarting positions (checked in fp64 against the samples run one by
+  one, through ``swift sft`` itself: tests/test_swift_entry.py). So those two are let through; every other
+  implementation keeps ms-swift's refusal. At train start :func:`check_exact_attention` checks what the
+  model really runs (the implementation, ``position_ids`` reaching its forward, no KV cache) and refuses otherwise.
 
 Load it with ``--external_plugins`` (ms-swift imports those files in every rank before building datasets).
 """
@@ -20,6 +28,65 @@ import threading
 
 _LOCK = threading.Lock()
 _STATE: dict = {}
+FLASH_IMPLS = ("flash_attn", "flash_attention_2", "flash_attention_3", "flash_attention_4")  # ms-swift's own list
+# Attention implementations whose packed row equals its documents run alone when transformers sees per-document
+# position_ids, no attention_mask and no KV cache (create_causal_mask's packed-sequence detection).
+POSITION_MASKED_IMPLS = ("sdpa", "eager")
+
+
+def check_padding_free_args(args, original) -> None:
+    """``SftArguments._check_padding_free`` with ``sdpa`` / ``eager`` allowed (see the module docstring)."""
+    if (args.padding_free or args.packing) and args.attn_impl in POSITION_MASKED_IMPLS:
+        if args.packing:
+            args.padding_free = True  # as ms-swift's check does: packing implies the padding-free collator
+        return
+    try:
+        original(args)
+    except ValueError as exc:
+        raise ValueError(f"{exc} With packkit's plugin, also {' or '.join(map(repr, POSITION_MASKED_IMPLS))} "
+                         f"(documents separated by their position_ids); got attn_impl={args.attn_impl!r}") from None
+
+
+def _attention_of(model) -> str | None:
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None)
+
+
+def check_exact_attention(trainer) -> None:
+    """Refuse a padding-free (packed) batch whose documents the model would not keep apart: an attention
+    implementation other than flash-attn / sdpa / eager, a base model whose forward takes no ``position_ids``
+    (ms-swift's ``pre_forward_hook`` then drops them), or a model that runs with a KV cache (transformers builds
+    the per-document mask only without one)."""
+    template = getattr(trainer, "template", None)
+    if template is None or not getattr(template, "padding_free", False):
+        return
+    import inspect
+
+    impl = _attention_of(trainer.model)
+    if impl in FLASH_IMPLS or (impl or "").startswith("flash"):
+        return  # ms-swift's own path: flash-attn reads the same position_ids
+    if impl not in POSITION_MASKED_IMPLS:
+        raise ValueError(f"packing / padding_free: the model runs attn_implementation={impl!r}, which does not "
+                         f"separate packed documents by their position_ids; use one of "
+                         f"{FLASH_IMPLS + POSITION_MASKED_IMPLS}")
+    base = template.get_base_model(trainer.model)
+    if "position_ids" not in inspect.signature(base.forward).parameters:
+        raise ValueError(f"packing / padding_free on {impl}: {type(base).__name__}.forward takes no position_ids, so "
+                         "the packed documents would attend to each other; use a flash-attn implementation")
+    for model in (trainer.model, base):
+        if getattr(getattr(model, "config", None), "use_cache", False):
+            raise ValueError(f"packing / padding_free on {impl}: the model config has use_cache=True; transformers "
+                             "separates packed documents only without a KV cache (set use_cache=False)")
+
+
+def _log_start(dataset, dataloader) -> None:
+    from swift.utils import get_logger
+
+    from ..start_line import start_line
+
+    rows, slots = len(dataset.packed_idx), len(dataset.packed_idx) * dataset.packing_length
+    efficiency = sum(dataset.packed_length) / slots if slots else 0.0
+    get_logger().info(start_line(len(dataloader), dataset.dp_size, dataset.balance or 1.0, efficiency))
 
 
 def options_from_env(environ=None) -> dict:
@@ -56,6 +123,7 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
     ``dp_size``, ``cost``, ``algorithm``: defaults for the planned datasets (see :class:`PlannedPackingDataset`).
     Idempotent: a second call only updates those defaults. :func:`uninstall` restores ms-swift's names.
     """
+    from swift.arguments import sft_args
     from swift.pipelines.train import sft
     from swift.trainers import mixin
 
@@ -78,25 +146,37 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
         original_loader = mixin.DataLoaderMixin.get_train_dataloader
         original_sampler = mixin.BatchSamplerShard
 
+        original_check = sft_args.SftArguments._check_padding_free
+
+        @functools.wraps(original_check)
+        def _check_padding_free(self):
+            check_padding_free_args(self, original_check)
+
         @functools.wraps(original_loader)
         def get_train_dataloader(self, *args, **kwargs):
+            check_exact_attention(self)
             if not isinstance(self.train_dataset, PlannedPackingDataset):
                 return original_loader(self, *args, **kwargs)
             with _LOCK:  # the module name is read inside the call; nobody else swaps it meanwhile
                 mixin.BatchSamplerShard = _sampler_for(self.train_dataset)
                 try:
-                    return original_loader(self, *args, **kwargs)
+                    dataloader = original_loader(self, *args, **kwargs)
                 finally:
                     mixin.BatchSamplerShard = original_sampler
+            if not kwargs.get("skip_batches") and not (args and args[0]):  # train start, not a resume's rebuild
+                _log_start(self.train_dataset, dataloader)
+            return dataloader
 
         _STATE.update(installed=True, sft=(sft.PackingDataset, sft.IterablePackingDataset),
-                      loader=original_loader)
+                      loader=original_loader, check=original_check)
         sft.PackingDataset, sft.IterablePackingDataset = SftPackingDataset, SftIterablePackingDataset
         mixin.DataLoaderMixin.get_train_dataloader = get_train_dataloader
+        sft_args.SftArguments._check_padding_free = _check_padding_free
 
 
 def uninstall() -> None:
     """Restore ms-swift's own packing datasets and dataloader."""
+    from swift.arguments import sft_args
     from swift.pipelines.train import sft
     from swift.trainers import mixin
 
@@ -105,4 +185,5 @@ def uninstall() -> None:
             return
         sft.PackingDataset, sft.IterablePackingDataset = _STATE["sft"]
         mixin.DataLoaderMixin.get_train_dataloader = _STATE["loader"]
+        sft_args.SftArguments._check_padding_free = _STATE["check"]
         _STATE.clear()
