@@ -9,6 +9,7 @@ from ._version import __version__
 from .planning import ALGORITHMS, OVERLONG_POLICIES, PLAN_ERRORS, Plan, Segments, check_plan, plan, transformer_cost
 from .packing import (LAYOUTS, PackBuffers, PackInfo, PackLayout, mrope_position_ids, ops, pack_layout, pack_on_device,
                       pack_sequences, unpack_sequences)
+from .models import packing_support, prepare_model, unprepare_model  # per-family verdicts, stand-ins
 from .context_parallel import pack_context_parallel, shard_context_parallel, unshard_context_parallel
 from .training import (PackedBatchSampler, PackedIterableDataset, PackingCollator, document_causal_block_mask,
                        register_varlen_attention, varlen_attention_forward)
@@ -22,4 +23,5 @@ __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_
            "PackedBatchSampler", "PackedIterableDataset", "pack_dataset", "PackReport",
            "PackedRowsCollator", "mrope_position_ids", "PackBuffers", "transformer_cost",
            "register_varlen_attention", "varlen_attention_forward",
-           "shard_context_parallel", "unshard_context_parallel", "pack_context_parallel"]
+           "shard_context_parallel", "unshard_context_parallel", "pack_context_parallel",
+           "prepare_model", "unprepare_model", "packing_support"]
