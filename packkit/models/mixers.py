@@ -1,6 +1,6 @@
-"""Per-document forward for recurrent mixers whose transformers code gets no document boundaries (Mamba-1:
+"""Per-document forward for recurrent mixers whose layers get no document boundaries from transformers (Mamba-1:
 ``MambaMixer``, ``FalconMambaMixer``, ``JambaMambaMixer``; they call ``selective_scan_fn`` / ``mamba_inner_fn``
-without ``seq_idx``).
+without ``seq_idx``; Mamba-2 ``Mamba2Mixer``: ``Mamba2ForCausalLM`` does not pass the batch on to its backbone).
 
 The model's forward pre-hook (``prepare.py``) keeps the call's ``cu_seq_lens_q`` / ``seq_idx`` / ``position_ids``;
 each mixer then runs its own forward once per document, from a zero state, and concatenates: exact against each

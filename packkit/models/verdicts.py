@@ -27,11 +27,12 @@ _MASK_ROW = ("builds {what} from the attention mask over the whole row (its own 
              "the packed position_ids nor cu_seq_lens_q)")
 
 # model_type -> {path: why it cannot be exact}. Found silently wrong by the survey (docs/reliability.md) unless noted.
+_NO_DETECTION = ("transformers' {} builds its masks without position_ids, so the packed documents attend to each "
+                 "other (no packed-sequence detection) on sdpa / eager")
 REFUSED = {
-    "gpt_oss": {"position_ids": "transformers' GptOssModel builds its masks without position_ids, so the packed "
-                                "documents attend to each other (no packed-sequence detection) on sdpa / eager"},
-    "afmoe": {"position_ids": "transformers' AfmoeModel builds its masks without position_ids, so the packed documents "
-                              "attend to each other (no packed-sequence detection) on sdpa / eager"},
+    "gpt_oss": {"position_ids": _NO_DETECTION.format("GptOssModel")},
+    "afmoe": {"position_ids": _NO_DETECTION.format("AfmoeModel")},
+    "granitemoehybrid": {"position_ids": _NO_DETECTION.format("GraniteMoeHybridModel")},
     "deepseek_v4": {"position_ids": "its compressed-attention layers pool keys over the whole row, across the packed "
                                     "documents"},
     "doge": {"flex_attention": "its own flex attention (doge_flex_attention) adds a dynamic mask that does not keep to "
@@ -56,8 +57,10 @@ REFUSED = {
 }
 
 # Families whose recurrent layers packkit runs per document itself (their transformers code passes the layer no
-# boundaries): model_type -> the mixer classes. Mamba-1 layers (selective scan).
+# boundaries): model_type -> the mixer classes. Mamba-1 layers (selective scan); Mamba2ForCausalLM does not pass the
+# batch's keywords on to its backbone.
 MIXERS = {
+    "mamba2": ("Mamba2Mixer",),
     "mamba": ("MambaMixer",),
     "falcon_mamba": ("FalconMambaMixer",),
     "jamba": ("JambaMambaMixer",),
