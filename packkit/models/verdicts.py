@@ -34,11 +34,13 @@ REFUSED = {
     "afmoe": {"position_ids": _NO_DETECTION.format("AfmoeModel")},
     "granitemoehybrid": {"position_ids": _NO_DETECTION.format("GraniteMoeHybridModel")},
     "deepseek_v4": {"position_ids": "its compressed-attention layers pool keys over the whole row, across the packed "
-                                    "documents"},
+                                    "documents",
+                    "packkit_varlen": "its compressed-attention layers' parameter gradients differ from per-sample "
+                                      "(found by packkit's model zoo; the log-probs agree)"},
     "doge": {"flex_attention": "its own flex attention (doge_flex_attention) adds a dynamic mask that does not keep to "
                                "the packed BlockMask's documents"},
     "bloom": {p: "BLOOM " + _MASK_ROW.format(what="its ALiBi biases and causal mask") for p in
-              ("position_ids", "flash_attention", "packkit_varlen")},
+              ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
     "opt": {p: "OPT " + _MASK_ROW.format(what="its learned positions (the mask's cumulative sum)") for p in
             ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
     "biogpt": {p: "BioGPT " + _MASK_ROW.format(what="its learned positions (the mask's cumulative sum)") for p in
@@ -46,9 +48,9 @@ REFUSED = {
     "ctrl": {p: "CTRL " + _MASK_ROW.format(what="its causal mask") for p in
              ("position_ids", "flash_attention", "packkit_varlen")},
     "git": {p: "GIT " + _MASK_ROW.format(what="its causal mask") for p in
-            ("position_ids", "flash_attention", "packkit_varlen")},
+            ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
     "cpmant": {p: "CPM-Ant " + _MASK_ROW.format(what="its position bias and causal mask") for p in
-               ("position_ids", "flash_attention", "packkit_varlen", "flex_attention")},
+               ("position_ids", "flash_attention", "packkit_varlen", "flex_attention", "shared_prefix")},
     "beam": {"shared_prefix": "its attention reads the full row's positions, so a shared-prefix tree's branches do not "
                               "see the positions of their own path"},
     "rwkv": {p: _NO_BOUNDARIES for p in PATHS},
