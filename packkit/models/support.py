@@ -135,3 +135,26 @@ def packing_support(model_or_config, path: Optional[str] = None):
             raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
         return _verdict(info, config, path)
     return SupportTable(info.model_type, {p: _verdict(info, config, p) for p in PATHS})
+
+
+FLAT_ROW_KERNELS = ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda", "fused_recurrent_kda")
+
+
+def check_batch_layout(model_config, layout: str, block_mask: bool, context_parallel: bool) -> None:
+    """Refuse (ValueError naming the model type, the layout and why) a collator layout the model cannot take
+    exactly: ``PackingCollator(model_config=...)`` calls it once, at construction."""
+    info = analyse(model_config)
+
+    def refuse(what: str, why: str):
+        raise ValueError(f"PackingCollator(model_config=...): model type {info.model_type!r} cannot take {what}: {why}")
+
+    if block_mask:
+        verdict = _verdict(info, _config(model_config), "flex_attention")
+        if not verdict.ok:
+            refuse("return_block_mask=True (the flex_attention path)", verdict.why)
+    if context_parallel and info.recurrent:
+        refuse("context_parallel", "its recurrent / linear-attention layers would need each document's state carried "
+                                   "from one context-parallel rank's shard to the next")
+    if layout == "padded" and any(k.name in FLAT_ROW_KERNELS for k in info.kernels):
+        refuse("layout='padded'", "its linear-attention kernels (flash-linear-attention) take cu_seqlens for one flat "
+                                  "row only (batch size 1); use layout='flat'")
