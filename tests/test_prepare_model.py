@@ -288,3 +288,38 @@ def test_collator_refuses_layouts_the_model_cannot_take():
     assert batch["input_ids"].shape == (1, 23) and "attention_mask" not in batch
     packkit.PackingCollator(16, layout="padded", model_config=tiny_config("bamba"))  # Mamba2 kernels take rows
     packkit.PackingCollator(16, context_parallel=(2, 0), model_config=tiny_config("llama"))
+
+
+# -- trainer integrations: prepare_model is called where the trainer first holds the model -------------------
+def test_llamafactory_hook_prepares_the_model(monkeypatch):
+    """LLaMA-Factory's patched train sampler prepares the model of a packkit-planned train set (fake llamafactory
+    modules: the real package runs in the trainer CI stage)."""
+    from packkit.integrations.llamafactory import hook
+    from packkit.integrations.llamafactory.dataset import MARKER
+
+    class Trainer:
+        def _get_train_sampler(self, *args, **kwargs):
+            return "llamafactory's sampler"
+
+    loader = types.SimpleNamespace(_get_preprocessed_dataset=lambda *a, **k: None)
+    trainer_mod = types.SimpleNamespace(CustomSeq2SeqTrainer=Trainer)
+    monkeypatch.setattr(hook, "_modules", lambda: (loader, trainer_mod))
+    monkeypatch.setattr(hook, "_SAVED", {})
+    hook.install()
+
+    class Planned(list):
+        info = types.SimpleNamespace(description=MARKER)
+
+    trainer = Trainer()
+    trainer.train_dataset = Planned([1, 2])
+    trainer.model = build("opt")
+    with pytest.raises(ValueError, match=r"model type 'opt' cannot be packed exactly on the 'position_ids' path"):
+        trainer._get_train_sampler()
+    trainer.model = build("qwen3_5_text")
+    trainer.train_dataset = [1, 2]
+    assert trainer._get_train_sampler() == "llamafactory's sampler"  # not planned: untouched
+    assert not hasattr(trainer.model, "_packkit_prepared")
+    trainer.train_dataset = Planned([1, 2])
+    trainer._get_train_sampler()
+    assert packkit.models.prepared_path(trainer.model) == "position_ids"
+    packkit.unprepare_model(trainer.model)
