@@ -323,3 +323,17 @@ def test_llamafactory_hook_prepares_the_model(monkeypatch):
     trainer._get_train_sampler()
     assert packkit.models.prepared_path(trainer.model) == "position_ids"
     packkit.unprepare_model(trainer.model)
+
+
+def test_docs_models_table_is_packing_support():
+    """docs/models.md's verdict table is what packing_support says for the zoo's model types."""
+    import importlib.util
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("model_zoo_table", root / "tools" / "model_zoo_table.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    text = (root / "docs" / "models.md").read_text()
+    start, end = text.index(tool.MODELS[0]) + len(tool.MODELS[0]), text.index(tool.MODELS[1])
+    assert text[start:end].strip("\n") == tool.models_table(), "run: python tools/model_zoo_table.py --models"

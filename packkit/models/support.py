@@ -101,7 +101,17 @@ def analyse(model_or_config) -> Analysis:
     return Analysis(model_type, kernels, MIXERS.get(model_type, ()), problems)
 
 
+GPU_ONLY = "not run by packkit's CPU model zoo: transformers' flash-attention kernels need a GPU"
+
+
 def _verdict(info: Analysis, config, path: str) -> Verdict:
+    verdict = _path_verdict(info, config, path)
+    if path == "flash_attention" and verdict.ok:
+        return Verdict(verdict.status, "; ".join(filter(None, (verdict.why, GPU_ONLY))))
+    return verdict
+
+
+def _path_verdict(info: Analysis, config, path: str) -> Verdict:
     refused = REFUSED.get(info.model_type, {})
     if path in refused:
         return Verdict(REFUSE, refused[path])

@@ -39,8 +39,9 @@ REFUSED = {
                                       "(found by packkit's model zoo; the log-probs agree)"},
     "doge": {"flex_attention": "its own flex attention (doge_flex_attention) adds a dynamic mask that does not keep to "
                                "the packed BlockMask's documents"},
-    "bloom": {p: "BLOOM " + _MASK_ROW.format(what="its ALiBi biases and causal mask") for p in
-              ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
+    "bloom": {**{p: "BLOOM " + _MASK_ROW.format(what="its ALiBi biases and causal mask") for p in
+                 ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
+              "flex_attention": "BLOOM's own attention code takes no BlockMask (it fails unpacking one)"},
     "opt": {p: "OPT " + _MASK_ROW.format(what="its learned positions (the mask's cumulative sum)") for p in
             ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
     "biogpt": {p: "BioGPT " + _MASK_ROW.format(what="its learned positions (the mask's cumulative sum)") for p in
@@ -51,8 +52,8 @@ REFUSED = {
             ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
     "cpmant": {p: "CPM-Ant " + _MASK_ROW.format(what="its position bias and causal mask") for p in
                ("position_ids", "flash_attention", "packkit_varlen", "flex_attention", "shared_prefix")},
-    "beam": {"shared_prefix": "its attention reads the full row's positions, so a shared-prefix tree's branches do not "
-                              "see the positions of their own path"},
+    "beam": {"shared_prefix": "silently wrong on every shared-prefix attention in packkit's model survey (its attention "
+                              "does not keep to the tree's branches)"},
     "rwkv": {p: _NO_BOUNDARIES for p in PATHS},
     "xlstm": {p: _NO_BOUNDARIES for p in PATHS},
     "recurrent_gemma": {p: _NO_BOUNDARIES for p in PATHS},
