@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .kernels import SPECS, check_spec, hub_kernels
-from .verdicts import FLEX_LAYER_TYPES, MIXERS, PATHS, REFUSED, VERIFIED
+from .verdicts import FLEX_LAYER_TYPES, MIXERS, PATHS, REFUSED, STAND_INS_VERIFIED, VERIFIED
 
 EXACT, PREPARE, REFUSE, UNVERIFIED = "exact", "exact after prepare_model", "refused", "unverified"
 
@@ -125,6 +125,9 @@ def _path_verdict(info: Analysis, config, path: str) -> Verdict:
                 f"; layer type(s) {', '.join(other)} have none" if other else "") + ": use sdpa or packkit_varlen")
         if info.problems:
             return Verdict(REFUSE, info.problems[0])
+        if info.stand_ins and info.model_type not in STAND_INS_VERIFIED:
+            return Verdict(UNVERIFIED, "packkit runs its recurrent layers once per document, but its model zoo has "
+                                       f"not checked model type {info.model_type!r}")
         if info.stand_ins:
             return Verdict(PREPARE, "packkit runs its recurrent layers once per document (the kernel package is not "
                                     "installed here)")
