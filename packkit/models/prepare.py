@@ -106,9 +106,17 @@ def prepare_model(model: torch.nn.Module, path: Optional[str] = None) -> torch.n
         state.mixers.append(module)
     # Kernel families read the boundaries from the call's keywords; the mixers also from position_ids.
     kernel_bounds = not info.mixers and any(k.name in SPECS for k in info.kernels)
-    state.hook = model.register_forward_pre_hook(_pre_hook(state, kernel_bounds), with_kwargs=True)
+    if info.recurrent:
+        state.hook = model.register_forward_pre_hook(_pre_hook(state, kernel_bounds), with_kwargs=True)
     setattr(model, ATTR, state)
     return model
+
+
+def prepare_trainer_model(trainer) -> None:
+    """:func:`prepare_model` on ``trainer.model`` when the trainer holds one (the trainer integrations' one call)."""
+    model = getattr(trainer, "model", None)
+    if model is not None:
+        prepare_model(model)
 
 
 def unprepare_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -117,7 +125,8 @@ def unprepare_model(model: torch.nn.Module) -> torch.nn.Module:
     state = getattr(model, ATTR, None)
     if state is None:
         return model
-    state.hook.remove()
+    if state.hook is not None:
+        state.hook.remove()
     for module in state.mixers:
         remove_mixer(module)
     for module, attr in state.kernels:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 
-from ...models import prepare_model
+from ...models import prepare_trainer_model
 from .dataset import is_planned, pack_dataset
 
 LOG = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def install(*, cost="attention", dp_size: int | None = None, seed: int | None = 
         if is_planned(self.train_dataset):
             import torch
 
-            prepare_model(self.model)  # packed batches exact for this model, or a ValueError naming why not
+            prepare_trainer_model(self)  # packed batches exact for this model, or a ValueError naming why not
             return torch.utils.data.SequentialSampler(self.train_dataset)
         return original_sampler(self, *args, **kwargs)
 

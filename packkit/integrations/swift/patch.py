@@ -59,7 +59,7 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
     from swift.pipelines.train import sft
     from swift.trainers import mixin
 
-    from ...models import prepare_model
+    from ...models import prepare_trainer_model
     from .dataset import PlannedIterablePackingDataset, PlannedPackingDataset
 
     options = {"dp_size": dp_size, "cost": cost, "algorithm": algorithm}
@@ -83,7 +83,7 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
         def get_train_dataloader(self, *args, **kwargs):
             if not isinstance(self.train_dataset, PlannedPackingDataset):
                 return original_loader(self, *args, **kwargs)
-            prepare_model(self.model)  # packed batches exact for this model, or a ValueError naming why not
+            prepare_trainer_model(self)  # packed batches exact for this model, or a ValueError naming why not
             with _LOCK:  # the module name is read inside the call; nobody else swaps it meanwhile
                 mixin.BatchSamplerShard = _sampler_for(self.train_dataset)
                 try:
