@@ -1,7 +1,8 @@
 """packkit: sequence packing for LLM training.
 
 The package is laid out by stage, each importing only from the stages before it:
-``planning`` (which sequences share a row) -> ``packing`` (device ops that build the packed tensors) ->
+``planning`` (which sequences share a row) -> ``packing`` (device ops that build the packed tensors; ``models``: which
+model families pack exactly on which path, ``prepare_model``) ->
 ``training`` (collator, sampler, streaming, attention) -> ``datasets`` (whole datasets, Arrow, Ray) ->
 ``tools`` and ``analyze`` (command line, demo, dataset reports). Everything a user needs is re-exported here.
 """
