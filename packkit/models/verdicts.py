@@ -85,8 +85,8 @@ qwen3_next bamba granitemoehybrid nemotron_h mamba2 zamba2 lfm2 kimi_linear
 
 # Recurrent families whose per-document stand-ins / mixers the zoo checks exact (others get them, "unverified").
 STAND_INS_VERIFIED = frozenset("""
-qwen3_5_text qwen3_next olmo_hybrid bamba granitemoehybrid nemotron_h falcon_h1 mamba2 zamba2 lfm2 kimi_linear mamba
-falcon_mamba jamba
+qwen3_5_text qwen3_next olmo_hybrid bamba granitemoehybrid nemotron_h falcon_h1 mamba2 zamba2 lfm2 kimi_linear
+bailing_hybrid mamba falcon_mamba jamba
 """.split())
 
 FLEX_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
