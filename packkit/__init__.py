@@ -1,7 +1,8 @@
 """packkit: sequence packing for LLM training.
 
 The package is laid out by stage, each importing only from the stages before it:
-``planning`` (which sequences share a row) -> ``packing`` (device ops that build the packed tensors) ->
+``planning`` (which sequences share a row) -> ``packing`` (device ops that build the packed tensors; ``models``: which
+model families pack exactly on which path, ``prepare_model``) ->
 ``training`` (collator, sampler, streaming, attention) -> ``datasets`` (whole datasets, Arrow, Ray) ->
 ``tools`` and ``analyze`` (command line, demo, dataset reports). Everything a user needs is re-exported here.
 """
@@ -9,6 +10,7 @@ from ._version import __version__
 from .planning import ALGORITHMS, OVERLONG_POLICIES, PLAN_ERRORS, Plan, Segments, check_plan, plan, transformer_cost
 from .packing import (LAYOUTS, PackBuffers, PackInfo, PackLayout, mrope_position_ids, ops, pack_layout, pack_on_device,
                       pack_sequences, unpack_sequences)
+from .models import packing_support, prepare_model, unprepare_model  # per-family verdicts, stand-ins
 from .context_parallel import pack_context_parallel, shard_context_parallel, unshard_context_parallel
 from .training import (PackedBatchSampler, PackedIterableDataset, PackingCollator, document_causal_block_mask,
                        register_varlen_attention, varlen_attention_forward)
@@ -22,4 +24,5 @@ __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_
            "PackedBatchSampler", "PackedIterableDataset", "pack_dataset", "PackReport",
            "PackedRowsCollator", "mrope_position_ids", "PackBuffers", "transformer_cost",
            "register_varlen_attention", "varlen_attention_forward",
-           "shard_context_parallel", "unshard_context_parallel", "pack_context_parallel"]
+           "shard_context_parallel", "unshard_context_parallel", "pack_context_parallel",
+           "prepare_model", "unprepare_model", "packing_support"]

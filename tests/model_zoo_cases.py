@@ -177,13 +177,34 @@ def _shared_prefix(model, path):
     return parts
 
 
-def run_case(model_type: str, path: str) -> Outcome:
-    """One architecture x path: exact, refused (ValueError) or mismatch."""
+# zoo path -> packkit.prepare_model's path (packkit.models.verdicts.PATHS)
+PREPARE_PATHS = {"sft": "position_ids", "sft_varlen": "packkit_varlen", "sft_flex": "flex_attention",
+                 "sft_flex_plain": "flex_attention"}
+
+
+def prepare_path(path: str) -> str:
+    return PREPARE_PATHS.get(path, "shared_prefix")
+
+
+def run_case(model_type: str, path: str, prepare: bool = True) -> Outcome:
+    """One architecture x path: exact, refused (ValueError: by ``packkit.prepare_model`` or by the path's entry
+    point) or mismatch. ``prepare=False`` runs the path on the model as transformers builds it (controls)."""
+    import packkit
+
     model, attn = tiny_model(model_type)
     grads = PATHS[path][1]
+    if prepare:  # refused before anything runs; the reference is computed on the unprepared model
+        try:
+            packkit.prepare_model(model, path=prepare_path(path))
+        except ValueError as exc:
+            return Outcome("refused", str(exc))
+        finally:
+            packkit.unprepare_model(model)
     ref_logp, ref_grads = reference(model_type, "sft" if path.startswith("sft") else path.split("_")[0])
     model.zero_grad(set_to_none=True)
     try:
+        if prepare:
+            packkit.prepare_model(model, path=prepare_path(path))
         with torch.set_grad_enabled(grads), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             parts = _sft(model, attn, path) if path.startswith("sft") else _shared_prefix(model, path)
@@ -192,6 +213,7 @@ def run_case(model_type: str, path: str) -> Outcome:
     except ValueError as exc:
         return Outcome("refused", str(exc))
     finally:
+        packkit.unprepare_model(model)
         model.set_attn_implementation(attn)
     got = torch.cat(parts).detach()
     outcome = compare(got, ref_logp, _grads(model) if grads else None, ref_grads)

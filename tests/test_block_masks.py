@@ -136,5 +136,5 @@ def test_collator_masks_per_layer_type():
     assert torch.equal(dense(batch["attention_mask"]["sliding_attention"], 0, 14), want[0])
     plain = packkit.PackingCollator(return_block_mask=True)(feats)["attention_mask"]
     assert plain.packkit_max_document == 11
-    with pytest.raises(ValueError, match="return_block_mask=True only"):
-        packkit.PackingCollator(model_config=config)
+    # model_config without return_block_mask: checks the layouts the model takes (issue 50), adds no mask
+    assert "attention_mask" not in packkit.PackingCollator(model_config=config)(feats)

@@ -4,7 +4,9 @@ architecture of tests/model_zoo.py (tiny, random, fp64 end to end), is exact aga
 be exact. A silent mismatch fails. docs/reliability.md holds the table (tools/model_zoo_table.py writes it);
 the last test checks it is what this suite produces.
 
-Controls (the same comparison must flag them): dropping ``softcap`` (Gemma 2) or ``s_aux`` (GPT-OSS sinks)
+Each case first calls ``packkit.prepare_model`` for its path (per-document stand-ins of recurrent kernels, or a
+refusal by name). Controls (the same comparison must flag them): the refused cells run unprepared; the stand-ins
+running each packed row as one sequence; dropping ``softcap`` (Gemma 2) or ``s_aux`` (GPT-OSS sinks)
 before packkit's shared-prefix attention sees them; BlockMasks without the sliding window (the issue's bug);
 ``packkit_varlen`` losing ``sliding_window``.
 """
@@ -39,12 +41,44 @@ def outcome(name, path):
 @pytest.mark.parametrize("name", list(zoo.ARCHITECTURES))
 def test_exact_or_refused(name, path):
     result = outcome(name, path)
-    if (name, path) in zoo.TRANSFORMERS_MISMATCHES:  # transformers' own bug: still there? (else: drop the entry)
-        assert result.kind == "mismatch", f"{name} / {path} is now {result.cell()}: update TRANSFORMERS_MISMATCHES"
-        return
     assert result.kind in ("exact", "refused"), f"{name} / {path}: {result.cell()}"
     if result.kind == "refused":
         assert len(result.detail) > 20, result.detail  # a reason, not a bare error
+
+
+# Cells prepare_model refuses because they are silently wrong without it: the same comparison flags each of them when
+# the model is run unprepared (so a refusal that is no longer needed, e.g. transformers fixed, shows up), and the
+# per-document stand-ins / mixers are what makes the hybrid cells exact.
+UNPREPARED_MISMATCHES = [("gpt_oss", "sft"), ("granitemoehybrid", "sft"), ("opt", "sft"), ("mamba", "sft"),
+                         ("mamba2", "sft")]
+
+
+@pytest.mark.parametrize("name, path", UNPREPARED_MISMATCHES)
+def test_control_unprepared_model_is_caught(monkeypatch, name, path):
+    from packkit.models import verdicts
+
+    prepared = outcome(name, path)
+    if name in verdicts.MIXERS:  # run per document by prepare_model: unprepared, the mixers run across documents
+        assert prepared.kind == "exact", prepared.cell()
+        result = cases.run_case(name, path, prepare=False)
+    else:  # refused by prepare_model: without the refusal (stand-ins still installed), silently wrong
+        assert prepared.kind == "refused" and "prepare_model" in prepared.detail, prepared.cell()
+        model_type = zoo.ARCHITECTURES[name].get("model_type", name)
+        monkeypatch.setitem(verdicts.REFUSED, model_type, {})
+        result = cases.run_case(name, path)
+    assert result.kind == "mismatch" and result.logp_rel > 1e3 * cases.REL_LOGP, result.cell()
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_text"])
+def test_control_stand_in_across_documents_is_caught(monkeypatch, name):
+    """The per-document kernels run each packed row as one sequence: the comparison flags it."""
+    from packkit.models import kernels
+
+    monkeypatch.setattr(kernels, "document_spans", lambda kwargs, rows, length, where: [
+        (row, 0, length) for row in range(rows)] if kwargs.get("cu_seq_lens_q") is not None or kwargs.get(
+        "cu_seqlens") is not None or kwargs.get("seq_idx") is not None else None)
+    result = cases.run_case(name, "sft")
+    assert result.kind == "mismatch" and result.logp_rel > 1e3 * cases.REL_LOGP, result.cell()
 
 
 @pytest.mark.parametrize("name, path, argument", [

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {ROOT / "packkit": "packkit", ROOT / "triton_kernels": "packkit.triton_kernels"}
 # Stage of each subpackage; a module may import its own stage or an earlier one, never a later one.
 STAGES = {"packkit._version": 0, "packkit._planner": 0, "packkit.planning": 1, "packkit.packing": 2,
-          "packkit.triton_kernels": 2, "packkit.context_parallel": 2, "packkit.training": 3, "packkit.rl": 3, "packkit.shared_prefix": 3,
+          "packkit.triton_kernels": 2, "packkit.context_parallel": 2, "packkit.models": 2, "packkit.training": 3, "packkit.rl": 3, "packkit.shared_prefix": 3,
           "packkit.datasets": 4, "packkit.integrations": 4, "packkit.tools": 5, "packkit.analyze": 5,
           "packkit.__main__": 5, "packkit": 6}
 
@@ -136,8 +136,10 @@ PUBLIC_API = ["ALGORITHMS", "LAYOUTS", "OVERLONG_POLICIES", "PLAN_ERRORS", "Pack
               "PackReport", "PackedBatchSampler", "PackedIterableDataset", "PackedRowsCollator", "PackingCollator",
               "Plan", "Segments", "check_plan", "document_causal_block_mask", "mrope_position_ids", "pack_context_parallel",
               "pack_dataset",
-              "pack_layout", "pack_on_device", "pack_sequences", "plan", "register_varlen_attention",
-              "shard_context_parallel", "transformer_cost", "unpack_sequences", "unshard_context_parallel",
+              "pack_layout", "pack_on_device", "pack_sequences", "packing_support", "plan", "prepare_model",
+              "register_varlen_attention",
+              "shard_context_parallel", "transformer_cost", "unpack_sequences", "unprepare_model",
+              "unshard_context_parallel",
               "varlen_attention_forward"]
 
 

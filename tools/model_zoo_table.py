@@ -6,6 +6,7 @@
         # suite); --store keeps each outcome as found, and a rerun resumes from it (--stored-only: render
         # what the store holds, run nothing)
     python tools/model_zoo_table.py --check    # exit 1 if the committed suite table differs
+    python tools/model_zoo_table.py --models   # docs/models.md's verdict table (packkit.packing_support, seconds)
 """
 from __future__ import annotations
 
@@ -141,6 +142,35 @@ def _survey_text(done: dict) -> str:
     return "\n".join(lines)
 
 
+MODELS = ("<!-- packing-support: begin (tools/model_zoo_table.py --models) -->", "<!-- packing-support: end -->")
+STATUS = {"exact": "exact", "exact after prepare_model": "exact (stand-ins)", "unverified": "unverified"}
+
+
+def models_table() -> str:
+    """``packkit.packing_support`` of every model type of the zoo (its tiny config), per path; refusals numbered."""
+    import packkit
+    from packkit.models.verdicts import PATHS
+
+    reasons, lines = [], ["| model type | " + " | ".join(f"`{p}`" for p in PATHS) + " |", "|---" * (len(PATHS) + 1) + "|"]
+    for model_type in dict.fromkeys(spec.get("model_type", name) for name, spec in zoo.ARCHITECTURES.items()):
+        name = next(n for n, spec in zoo.ARCHITECTURES.items() if spec.get("model_type", n) == model_type)
+        table = packkit.packing_support(zoo.tiny_config(name))
+        row = []
+        for path in PATHS:
+            verdict = table[path]
+            if verdict.status != "refused":
+                row.append(STATUS[verdict.status] + ("*" if path == "flash_attention" else ""))
+                continue
+            why = verdict.why.replace("|", "/")
+            if why not in reasons:
+                reasons.append(why)
+            row.append(f"refused ({reasons.index(why) + 1})")
+        lines.append(f"| {model_type} | " + " | ".join(row) + " |")
+    from packkit.models.support import GPU_ONLY
+
+    return "\n".join(lines + ["", f"\\* {GPU_ONLY}.", ""] + [f"{i}. {why}" for i, why in enumerate(reasons, 1)])
+
+
 def replace(text: str, markers, body: str) -> str:
     start, end = text.index(markers[0]) + len(markers[0]), text.index(markers[1])
     return text[:start] + "\n" + body + "\n" + text[end:]
@@ -148,6 +178,10 @@ def replace(text: str, markers, body: str) -> str:
 
 def main(argv) -> int:
     doc = ROOT / "docs" / "reliability.md"
+    if "--models" in argv:
+        models = ROOT / "docs" / "models.md"
+        models.write_text(replace(models.read_text(), MODELS, models_table()))
+        return 0
     with zoo.zoo_session():
         if "--survey" in argv:
             store = argv[argv.index("--store") + 1] if "--store" in argv else None

@@ -23,6 +23,7 @@ from ..packing.fields import check_pad_values, check_policy, prepare_fields
 from ..packing.multimodal import mrope_spec
 from ..packing.multimodal.mrope import check_mrope_start
 from ..packing.sequences import check_layout, flatten_sequences, pack_sequences
+from ..models.support import check_batch_layout
 from ..planning.planner import check_plan_choices, plan as make_plan
 from .block_masks import document_causal_block_mask, layer_block_masks, model_layer_types
 from .planned_rows import planned_row_plan, split_planned_rows
@@ -59,7 +60,10 @@ class PackingCollator:
             (sliding window, chunks; :func:`packkit.training.block_masks.layer_block_masks`), one ``BlockMask`` or
             a ``{layer_type: BlockMask}`` mapping. Without it the mask is document-causal and raises ValueError
             when a windowed layer would use it with a document longer than the window.
-        model_config: the model's config, for ``return_block_mask=True`` (its layer types and windows).
+        model_config: the model's config: with ``return_block_mask=True`` its layer types and windows; always, the
+            batch layouts it cannot take exactly are refused at construction (ValueError naming the model type):
+            the flex path where ``packkit.packing_support`` refuses it, ``context_parallel`` for recurrent /
+            linear-attention models, ``layout="padded"`` for flash-linear-attention kernels (one flat row only).
         return_num_items: add ``num_items_in_batch`` (0-d int64 tensor) so the loss is normalised by tokens,
             not by rows; HF models pass it to their loss. It is exactly the targets transformers' causal-LM
             loss counts: ``labels[..., 1:] != ignore_index`` per row (each row's first label is never a
@@ -134,9 +138,7 @@ class PackingCollator:
         device = None if device is None else as_device(device)
         self.position_ids_start, self.device, self.backend = position_ids_start, device, backend
         self.return_block_mask, self.return_num_items = return_block_mask, return_num_items
-        if model_config is not None and not return_block_mask:
-            raise ValueError("model_config= is used for return_block_mask=True only (the masks per layer type)")
-        if model_config is not None:
+        if model_config is not None and return_block_mask:
             model_layer_types(model_config)  # a config without layer information fails here, not per batch
         self.model_config = model_config
         self.input_key, self.label_key = input_key, label_key
@@ -157,6 +159,8 @@ class PackingCollator:
             raise ValueError("planned_rows=True does not support context_parallel= (plan the rows with the sampler's "
                              "context_parallel= and let the collator re-plan them)")
         self.planned_rows = planned_rows
+        if model_config is not None:  # the layouts this model cannot take exactly
+            check_batch_layout(model_config, layout, return_block_mask, self.context_parallel is not None)
 
     # -- features -> flat host tensors ----------------------------------------------------------
     def _gather(self, features):

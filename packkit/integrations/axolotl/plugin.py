@@ -27,6 +27,7 @@ import logging
 
 from axolotl.integrations.base import BasePlugin
 
+from ...models import prepare_trainer_model
 from ...planning.cost_model import transformer_cost
 from ..start_line import start_line
 from .sampler import MultipackBatchSampler, default_dp_size
@@ -114,6 +115,8 @@ def trainer_class(base, plugin: PackkitPlugin):
     class PackkitTrainer(base):
         def _create_multipack_sampler(self, base_sampler, dataset):
             from axolotl.utils.samplers import get_dataset_lengths
+
+            prepare_trainer_model(self)  # packed batches exact for this model, or a ValueError naming why not
 
             # As axolotl 0.19's AxolotlTrainer._create_multipack_sampler, plus dp_size, cost and seed.
             if self.args.multipack_real_batches:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 
+from ...models import prepare_trainer_model
 from ..start_line import start_line
 from .dataset import is_planned, pack_dataset, planned_figures
 
@@ -84,6 +85,7 @@ def install(*, cost="attention", dp_size: int | None = None, seed: int | None = 
         if is_planned(self.train_dataset):
             import torch
 
+            prepare_trainer_model(self)  # packed batches exact for this model, or a ValueError naming why not
             _log_start(self.train_dataset)
             return torch.utils.data.SequentialSampler(self.train_dataset)
         return original_sampler(self, *args, **kwargs)

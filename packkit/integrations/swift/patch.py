@@ -127,6 +127,7 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
     from swift.pipelines.train import sft
     from swift.trainers import mixin
 
+    from ...models import prepare_trainer_model
     from .dataset import PlannedIterablePackingDataset, PlannedPackingDataset
 
     options = {"dp_size": dp_size, "cost": cost, "algorithm": algorithm}
@@ -157,6 +158,7 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
             check_exact_attention(self)
             if not isinstance(self.train_dataset, PlannedPackingDataset):
                 return original_loader(self, *args, **kwargs)
+            prepare_trainer_model(self)  # packed batches exact for this model, or a ValueError naming why not
             with _LOCK:  # the module name is read inside the call; nobody else swaps it meanwhile
                 mixin.BatchSamplerShard = _sampler_for(self.train_dataset)
                 try:

@@ -1,0 +1,184 @@
+"""Per-document stand-ins for the recurrent-layer kernels transformers calls with ``cu_seqlens`` / ``seq_idx``.
+
+transformers 5.x decorates its torch reference of each kernel function (causal conv1d, the gated delta rule, KDA, the
+Mamba2 chunked scan) with ``use_kernel_func_from_hub_with_fallback(name, package)``: with the package installed the
+layer calls the package's kernel, which keeps packed documents apart through ``cu_seqlens`` / ``seq_idx``; without
+it the torch reference runs, and a packed call is refused ("can't keep packed sequences apart"). The decorated
+function is a module-level name of the modeling module, looked up by the layer at call time, so a stand-in replaces
+that name.
+
+A stand-in runs the module's own function once per document (the documents of ``cu_seqlens``, ``cu_seq_lens_q`` or
+``seq_idx``), each from a zero state, and concatenates the outputs: exact against each document run alone by
+construction (the same function on the same tokens). It is installed only where the torch reference is in use;
+where the package's kernel is, the arguments reach it unchanged.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import NamedTuple, Optional
+
+import torch
+
+from .documents import BOUNDARY_KEYS, document_spans
+
+
+class KernelSpec(NamedTuple):
+    tokens: dict  # argument name -> its sequence dimension (the batch is dimension 0)
+    output_dim: int  # sequence dimension of the output tensor (the first output when it returns a tuple)
+    state_in: tuple = ()  # arguments that carry a recurrent state in: must be None on a packed call
+    state_out: tuple = ()  # flags that ask for the final state: must be false on a packed call
+
+
+_DELTA = KernelSpec({"query": 1, "key": 1, "value": 1, "g": 1, "beta": 1}, 1, ("initial_state",),
+                    ("output_final_state",))
+SPECS = {
+    "causal_conv1d_fn": KernelSpec({"hidden_states": 2}, 2, ("initial_states",), ("return_final_states",)),
+    "chunk_gated_delta_rule": _DELTA,
+    "fused_recurrent_gated_delta_rule": _DELTA,
+    "chunk_kda": _DELTA,
+    "fused_recurrent_kda": _DELTA,
+    "mamba_chunk_scan_combined": KernelSpec({"hidden_states": 1, "dt": 1, "B": 1, "C": 1, "z": 1}, 1,
+                                            ("initial_states",), ("return_final_states",)),
+    # transformers' torch reference returns None (the layer then runs conv1d + the chunked scan itself)
+    "mamba_split_conv1d_scan_combined": KernelSpec({"zxbcdt": 1}, 1, ("initial_states",), ("return_final_states",)),
+}
+# Kernels transformers calls without cu_seqlens, though the package's kernel takes it: their callers pass the
+# batch's cu_seq_lens_q only (KDA layers), so on the package's kernel it is handed on as cu_seqlens.
+CU_SEQLENS_FROM_BATCH = ("chunk_kda", "fused_recurrent_kda")
+
+
+class HubKernel(NamedTuple):
+    """A module-level function decorated by transformers' ``use_kernel_func_from_hub_with_fallback``."""
+    module: object
+    attr: str
+    function: object
+    name: str  # the kernel's name (causal_conv1d_fn, chunk_gated_delta_rule, ...)
+    package: str
+    real: bool  # the package's kernel is in use (not the torch reference)
+    params: tuple  # the parameters the decorator passes on to the implementation
+
+
+def hub_kernel(function) -> Optional[tuple]:
+    """(name, package, real, params) when ``function`` is transformers' hub-kernel wrapper, else None."""
+    if not callable(function) or getattr(function, "__wrapped__", None) is None:
+        return None
+    closure = getattr(function, "__closure__", None)
+    code = getattr(function, "__code__", None)
+    if not closure or code is None:
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in closure)))
+    if not {"func_name", "package", "is_new_implementation", "applicable_params"} <= set(cells):
+        return None
+    return cells["func_name"], cells["package"], bool(cells["is_new_implementation"]), tuple(cells["applicable_params"])
+
+
+def hub_kernels(module) -> list:
+    """Every hub-kernel function of a modeling module, as :class:`HubKernel` (wrappers packkit installed included:
+    ``__packkit_original__`` names the function they replace)."""
+    found = []
+    for attr, value in sorted(vars(module).items()):
+        original = getattr(value, "__packkit_original__", value)
+        info = hub_kernel(original)
+        if info is not None:
+            found.append(HubKernel(module, attr, original, *info))
+    return found
+
+
+def _split(value, dim: int, row: int, start: int, end: int):
+    index = [slice(None)] * value.dim()
+    index[0] = slice(row, row + 1)
+    index[dim] = slice(start, end)
+    return value[tuple(index)]
+
+
+def per_document(kernel: HubKernel):
+    """The stand-in of ``kernel.function`` (the torch reference): one call per document of a packed call."""
+    spec = SPECS[kernel.name]
+    function = kernel.function
+    signature = inspect.signature(function)
+    where = f"{kernel.module.__name__.rsplit('.', 1)[-1]}.{kernel.attr} ({kernel.name}, packkit per-document)"
+    first = next(iter(spec.tokens))
+
+    @functools.wraps(function)
+    def run(*args, **given):
+        kwargs = {k: v for k, v in given.items() if k not in BOUNDARY_KEYS}
+        bound = signature.bind_partial(*args, **kwargs)
+        main = bound.arguments.get(first)
+        if not isinstance(main, torch.Tensor):
+            return function(*args, **given)
+        rows, length = main.shape[0], main.shape[spec.tokens[first]]
+        spans = document_spans(given, rows, length, where)
+        if spans is None:  # not packed: the function as it was
+            return function(*args, **given)
+        for name in spec.state_in:
+            if bound.arguments.get(name) is not None:
+                raise ValueError(f"{where}: a packed call with {name} is refused: each document starts from a zero "
+                                 "state (call the model with use_cache=False)")
+        for name in spec.state_out:
+            if bound.arguments.get(name):
+                raise ValueError(f"{where}: a packed call with {name}=True is refused: the final state of one "
+                                 "packed row is no document's (call the model with use_cache=False)")
+        per_token = {name: dim for name, dim in spec.tokens.items() if isinstance(bound.arguments.get(name), torch.Tensor)}
+        outputs, rest = {}, None
+        for row, start, end in spans:
+            call = dict(bound.arguments)
+            for name, dim in per_token.items():
+                call[name] = _split(call[name], dim, row, start, end)
+            extra = call.pop(next((p.name for p in signature.parameters.values()
+                                   if p.kind is inspect.Parameter.VAR_KEYWORD), "\0"), {})
+            result = function(**call, **extra)
+            if result is None:  # transformers' torch reference of a fused kernel: the layer runs the parts itself
+                return None
+            tensor = result[0] if isinstance(result, tuple) else result
+            if isinstance(result, tuple):
+                rest = result[1:]
+            outputs.setdefault(row, []).append(tensor)
+        rows_out = [torch.cat(outputs[row], dim=spec.output_dim) if row in outputs
+                    else None for row in range(rows)]
+        missing = [row for row, out in enumerate(rows_out) if out is None or out.shape[spec.output_dim] != length]
+        if missing:
+            raise ValueError(f"{where}: the documents do not cover row {missing[0]} of the batch")
+        out = torch.cat(rows_out, dim=0)
+        return (out, *(None for _ in rest)) if rest is not None else out
+
+    run.__packkit_original__ = function
+    return run
+
+
+def cu_seqlens_adapter(kernel: HubKernel):
+    """For a real KDA kernel: hand the batch's ``cu_seq_lens_q`` on as ``cu_seqlens`` (its callers pass only the
+    former, which the kernel does not take)."""
+    function = kernel.function
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        if kwargs.get("cu_seqlens") is None and kwargs.get("cu_seq_lens_q") is not None:
+            kwargs["cu_seqlens"] = kwargs["cu_seq_lens_q"]
+        return function(*args, **kwargs)
+
+    run.__packkit_original__ = function
+    return run
+
+
+def stand_in(kernel: HubKernel):
+    """What prepare_model installs for ``kernel``, or None (nothing to do)."""
+    if kernel.real:
+        if kernel.name in CU_SEQLENS_FROM_BATCH and "cu_seqlens" in kernel.params:
+            return cu_seqlens_adapter(kernel)
+        return None
+    if kernel.name in SPECS:
+        return per_document(kernel)
+    return None
+
+
+def check_spec(kernel: HubKernel) -> Optional[str]:
+    """Why the stand-in cannot run ``kernel`` (its torch reference names its arguments otherwise), or None."""
+    if kernel.real or kernel.name not in SPECS:
+        return None
+    params = inspect.signature(kernel.function).parameters
+    missing = [name for name in SPECS[kernel.name].tokens if name not in params]
+    if next(iter(SPECS[kernel.name].tokens)) in missing:
+        return (f"{kernel.module.__name__}.{kernel.attr} ({kernel.name}) has no argument "
+                f"{next(iter(SPECS[kernel.name].tokens))!r}: packkit's per-document stand-in does not know this version")
+    return None

@@ -1,0 +1,55 @@
+"""Per-document forward for recurrent mixers whose layers get no document boundaries from transformers (Mamba-1:
+``MambaMixer``, ``FalconMambaMixer``, ``JambaMambaMixer``; they call ``selective_scan_fn`` / ``mamba_inner_fn``
+without ``seq_idx``; Mamba-2 ``Mamba2Mixer``: ``Mamba2ForCausalLM`` does not pass the batch on to its backbone).
+
+The model's forward pre-hook (``prepare.py``) keeps the call's ``cu_seq_lens_q`` / ``seq_idx`` / ``position_ids``;
+each mixer then runs its own forward once per document, from a zero state, and concatenates: exact against each
+document run alone by construction. Under gradient checkpointing the recomputation in backward sees the boundaries of
+the forward it repeats (they are replaced only by the next forward), and a stale set is refused by its token count.
+"""
+from __future__ import annotations
+
+import torch
+
+from .documents import document_spans, spans_from_position_ids
+
+
+def _spans(state, rows: int, length: int, where: str):
+    bounds = state.boundaries
+    spans = document_spans({"cu_seq_lens_q": bounds.get("cu_seq_lens_q"), "seq_idx": bounds.get("seq_idx")},
+                           rows, length, where)
+    if spans is None and isinstance(bounds.get("position_ids"), torch.Tensor):
+        spans = spans_from_position_ids(bounds["position_ids"], rows, length, where)
+    return spans
+
+
+def install_mixer(module: torch.nn.Module, state) -> None:
+    original = type(module).forward.__get__(module)
+    where = f"{type(module).__name__} (packkit per-document)"
+
+    def forward(hidden_states, *args, **kwargs):
+        rows, length = hidden_states.shape[:2]
+        spans = _spans(state, rows, length, where)
+        if spans is None:
+            return original(hidden_states, *args, **kwargs)
+        cache = kwargs.get("cache", kwargs.get("cache_params", args[0] if args else None))
+        if cache is not None:
+            raise ValueError(f"{where}: a packed call with a cache is refused: each document starts from a zero state "
+                             "(call the model with use_cache=False)")
+        mask = kwargs.pop("attention_mask", None)
+        if mask is not None and not (isinstance(mask, torch.Tensor) and tuple(mask.shape) == (rows, length)):
+            raise ValueError(f"{where}: a packed call with an attention_mask of shape "
+                             f"{tuple(getattr(mask, 'shape', ()))} is refused (a packkit batch has none)")
+        outputs = [[] for _ in range(rows)]
+        for row, start, end in spans:
+            part = hidden_states[row:row + 1, start:end]
+            doc_mask = None if mask is None else mask[row:row + 1, start:end]
+            outputs[row].append(original(part, *args, attention_mask=doc_mask, **kwargs))
+        return torch.cat([torch.cat(parts, dim=1) for parts in outputs], dim=0)
+
+    module.forward = forward
+
+
+def remove_mixer(module: torch.nn.Module) -> None:
+    if "forward" in vars(module):
+        del module.forward
