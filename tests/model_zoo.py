@@ -51,6 +51,11 @@ ARCHITECTURES = {
     "deepseek_v3": dict(kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
                         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
                         first_k_dense_replace=1, n_group=1, topk_group=1, head_dim=8, num_key_value_heads=4),
+    # MLA with value heads smaller than the query/key heads (16): DeepSeek-V3 / Kimi-K2 shapes
+    "deepseek_v3 (MLA v8)": dict(model_type="deepseek_v3", kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+                                 qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                                 topk_group=1, head_dim=8, num_key_value_heads=4),
     "llama4_text": dict(attention_chunk_size=CHUNK, layer_types=["chunked_attention", "full_attention"],
                         no_rope_layers=[1, 0], num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=64,
                         interleave_moe_layer_step=1),

@@ -14,12 +14,13 @@ Two parts, forward + backward = 3 x forward (as ``cost_model``):
   sliding window ``w`` (a query sees keys less than ``w`` back, transformers' rule) ``sum_i min(i + 1, w)``, chunks
   of ``c`` (Llama 4) the full count of each chunk; linear-attention and state-space layers have none.
 
-Recurrent layers, per token and head: Gated DeltaNet (Qwen3.5, Qwen3-Next: ``linear_num_value_heads``,
+Recurrent layers, per token and head: Gated DeltaNet (Qwen3.5, Qwen3-Next, OLMo-hybrid: ``linear_num_value_heads``,
 ``linear_key_head_dim`` ``d_k``, ``linear_value_head_dim`` ``d_v``) in the chunked form its kernels run (fla's, and
 transformers' torch fallback: chunks of ``C = 64``), ``C * (2 d_k + d_v)`` multiply-adds within the chunk and
-``3 d_k d_v`` through the state; Mamba 2 (``mamba_n_heads`` / ``mamba_num_heads``, ``mamba_d_head`` /
-``mamba_head_dim``, ``mamba_d_state`` / ``ssm_state_size``) in its recurrent form, ``3 d_head d_state`` (decay and
-write, read-out). A layer type this module has no count for, or a missing figure, raises ``ValueError`` naming it (never a silent dense count).
+``3 d_k d_v`` through the state. Short convolutions (LFM2 ``conv`` layers) are their weights. Other recurrent mixers
+(Mamba 1/2 scans, KDA, RWKV, xLSTM, RG-LRU) have no validated count here: their configs raise ``ValueError`` naming the
+model type (pass a cost callable), as do a layer type this module has no count for and a missing figure (never a
+silent dense count).
 """
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ import numpy as np
 _ATTENTION = {"full_attention": "full", "attention": "full", "global": "full", "sliding_attention": "window",
               "local": "window", "chunked_attention": "chunk"}
 _LINEAR_ATTENTION = {"linear_attention"}
-_MAMBA = {"mamba", "mamba2", "ssm"}
 _CONV = {"conv"}  # LFM2 short convolutions: their weights are all their cost
+# Families whose token mixing is all recurrent (no layer_types to read): no validated count.
+_RECURRENT_ONLY = ("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma")
 _TOP_K = ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k", "moe_top_k")
 _NUM_EXPERTS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
 
@@ -51,7 +53,10 @@ def _first(config, names, what: str, required: bool = True):
 
 def layer_kinds(config) -> list:
     """Each decoder layer's kind and limit: ``("full", None)``, ``("window", w)``, ``("chunk", c)``,
-    ``("linear_attention", None)`` or ``("mamba", None)``."""
+    ``("linear_attention", None)`` or ``("conv", None)``."""
+    model_type = str(getattr(config, "model_type", "model"))
+    if model_type in _RECURRENT_ONLY:
+        raise ValueError(f"transformer_cost has no count for {model_type}'s recurrent layers; pass a cost callable")
     layers = int(_first(config, ("num_hidden_layers", "n_layer", "num_layers"), "the layer count"))
     types = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None)
     if not types:
@@ -72,14 +77,14 @@ def layer_kinds(config) -> list:
                 limit = _first(config, ("attention_chunk_size",), "the attention chunk size")
             kinds.append((kind, None if limit is None else int(limit)))
         elif t in _LINEAR_ATTENTION:
+            if getattr(config, "linear_num_value_heads", None) is None:  # a Mamba / KDA mixer, not Gated DeltaNet
+                raise ValueError(f"transformer_cost has no count for the linear-attention layers of {model_type} "
+                                 "(a recurrent mixer other than Gated DeltaNet); pass a cost callable")
             kinds.append(("linear_attention", None))
-        elif t in _MAMBA:
-            kinds.append(("mamba", None))
         elif t in _CONV:
             kinds.append(("conv", None))
         else:
-            raise ValueError(f"transformer_cost has no count for layer type {t!r} "
-                             f"({getattr(config, 'model_type', 'model')}); pass a cost callable")
+            raise ValueError(f"transformer_cost has no count for layer type {t!r} ({model_type}); pass a cost callable")
     return kinds
 
 
@@ -114,19 +119,12 @@ def _head_sizes(config) -> tuple:
 _DELTA_CHUNK = 64
 
 
-def _recurrent_flops(config, kind: str) -> float:
-    """Training FLOPs per token of one recurrent layer's token mixing (module docstring)."""
-    if kind == "linear_attention":
-        heads = int(_first(config, ("linear_num_value_heads",), "the linear-attention value heads"))
-        d_k = int(_first(config, ("linear_key_head_dim",), "the linear-attention key head size"))
-        d_v = int(_first(config, ("linear_value_head_dim",), "the linear-attention value head size"))
-        macs = _DELTA_CHUNK * (2 * d_k + d_v) + 3 * d_k * d_v
-    else:
-        heads = int(_first(config, ("mamba_n_heads", "mamba_num_heads"), "the Mamba head count"))
-        d_state = int(_first(config, ("mamba_d_state", "ssm_state_size", "state_size"), "the Mamba state size"))
-        d_head = int(_first(config, ("mamba_d_head", "mamba_head_dim"), "the Mamba head size"))
-        macs = 3 * d_head * d_state
-    return 3.0 * 2 * heads * macs
+def _recurrent_flops(config) -> float:
+    """Training FLOPs per token of one Gated DeltaNet layer's token mixing (module docstring)."""
+    heads = int(_first(config, ("linear_num_value_heads",), "the linear-attention value heads"))
+    d_k = int(_first(config, ("linear_key_head_dim",), "the linear-attention key head size"))
+    d_v = int(_first(config, ("linear_value_head_dim",), "the linear-attention value head size"))
+    return 3.0 * 2 * heads * (_DELTA_CHUNK * (2 * d_k + d_v) + 3 * d_k * d_v)
 
 
 def _build_meta(config):
@@ -230,7 +228,7 @@ def _cost_of(config, include_lm_head: bool):
     num_experts = _first(config, _NUM_EXPERTS, "", False)
     if num_experts and not top_k:
         raise ValueError(f"a {config.model_type} config with {num_experts} experts needs num_experts_per_tok")
-    recurrent = sum(_recurrent_flops(config, k) for k, _ in kinds if k in ("linear_attention", "mamba"))
+    recurrent = sum(_recurrent_flops(config) for k, _ in kinds if k == "linear_attention")
     model, has_head = _build_meta(config)  # after every figure is read: a missing one is named, not a crash inside
     macs = _matmul_weights(model, top_k or 1, num_experts or 0, include_lm_head)
     if include_lm_head and not has_head:
