@@ -130,6 +130,63 @@ def _refuse_negative(tokens: torch.Tensor, pieces: list, name_of) -> None:
             raise ValueError(f"{name_of(k)}[{i}] is {int(piece[i])}: token ids index the embedding and must be >= 0")
 
 
+def host_sequences(sequences, lengths=None, name: str = "sequences", *, token_ids: bool = True) -> tuple:
+    """``(flat int64 numpy, int64 lengths)`` of host token sequences, converted once: lists / tuples of ints in one C
+    pass (``packkit._planner.flatten_token_lists``: a bool or a float refused, naming ``name[i][k]``), numpy arrays or
+    CPU tensors per item, or a flat 1-D array / tensor with ``lengths`` (zero-copy when it is int64). With
+    ``token_ids`` a negative value is refused, naming it (labels may be negative). A GPU tensor is refused: the
+    tree is built on the host."""
+    if lengths is not None:
+        if isinstance(sequences, torch.Tensor):
+            if sequences.device.type != "cpu":
+                raise ValueError(f"{name} is on {sequences.device}: the tree is built on the host (reading a GPU "
+                                 "tensor back would sync); pass host tokens")
+            sequences = sequences.numpy()
+        flat = np.asarray(sequences)
+        if flat.ndim != 1:
+            raise ValueError(f"{name}: with lengths=, pass all tokens as one flat 1-D array, got shape {flat.shape}")
+        if flat.size and flat.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integer token ids, got dtype {flat.dtype}")
+        flat = np.ascontiguousarray(flat, np.int64)
+        lens = np.asarray(lengths)
+        if lens.ndim != 1 or (lens.size and lens.dtype.kind not in "iu"):
+            raise ValueError(f"lengths must be a 1-D array of ints (one per sequence), got {lens.dtype} {lens.shape}")
+        lens = lens.astype(np.int64)
+        if len(lens) and int(lens.min()) < 0:
+            i = int(np.argmin(lens))
+            raise ValueError(f"lengths[{i}] is {int(lens[i])}: lengths must be >= 0")
+        if int(lens.sum()) != len(flat):
+            raise ValueError(f"lengths sum to {int(lens.sum())} but {name} has {len(flat)} tokens")
+        if token_ids and len(flat) and int(flat.min()) < 0:
+            at = int(np.flatnonzero(flat < 0)[0])
+            i = int(np.searchsorted(np.cumsum(lens), at, side="right"))
+            raise ValueError(f"{name}[{at}] (sequence {i}) is {int(flat[at])}: token ids index the embedding and "
+                             "must be >= 0")
+        return flat, lens
+    if isinstance(sequences, (str, bytes, torch.Tensor)) or not isinstance(sequences, Sequence):
+        raise TypeError(f"{name} must be a list of token sequences, got {type(sequences).__name__}")
+    from .. import _planner
+
+    fast = _planner.flatten_token_lists(sequences, name, token_ids)
+    if fast is not None:
+        return fast
+    pieces = []
+    for i, item in enumerate(sequences):
+        t = _sequence(item, f"{name}[{i}]")
+        if t.device.type != "cpu":
+            raise ValueError(f"{name}[{i}] is on {t.device}: the tree is built on the host (pass lists, numpy or "
+                             "CPU tensors; reading a GPU tensor back would sync)")
+        pieces.append(t.numpy())
+    flat = np.concatenate(pieces).astype(np.int64, copy=False) if pieces else np.zeros(0, np.int64)
+    lens = np.array([len(t) for t in pieces], np.int64)
+    if token_ids and len(flat) and int(flat.min()) < 0:
+        at = int(np.flatnonzero(flat < 0)[0])
+        i = int(np.searchsorted(np.cumsum(lens), at, side="right"))
+        k = at - int(np.cumsum(lens)[i] - lens[i])
+        raise ValueError(f"{name}[{i}][{k}] is {int(flat[at])}: token ids index the embedding and must be >= 0")
+    return flat, lens
+
+
 def groups_forest(prompts, completions, labels=None) -> PrefixForest:
     """One tree per group: the prompt (root) and each completion as its child, in the order given.
 
