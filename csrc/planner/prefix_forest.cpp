@@ -249,4 +249,17 @@ PrefixForestResult build_prefix_forest(const int64_t* tokens, const int64_t* off
   return out;
 }
 
+void forest_metrics(const int64_t* parent, const int64_t* length, int64_t m, int64_t* depth, int64_t* position,
+                    int64_t* subtree_end) {
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t p = parent[i];
+    if (p < -1 || p >= i) throw std::invalid_argument("forest_metrics: parents must be preorder");
+    depth[i] = p < 0 ? 0 : depth[p] + 1;
+    position[i] = p < 0 ? 0 : position[p] + length[p];
+    subtree_end[i] = i + 1;
+  }
+  for (int64_t i = m - 1; i >= 0; --i)  // children come after parents: fold ends upwards
+    if (parent[i] >= 0) subtree_end[parent[i]] = std::max(subtree_end[parent[i]], subtree_end[i]);
+}
+
 }  // namespace packkit

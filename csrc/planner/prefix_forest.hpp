@@ -31,4 +31,10 @@ struct PrefixForestResult {
 PrefixForestResult build_prefix_forest(const int64_t* tokens, const int64_t* offsets, int64_t n,
                                        const int64_t* groups, const int64_t* labels = nullptr);
 
+// Per node of a preorder forest (parent[i] < i, -1 for a root): its depth, the position of its first token (the
+// tokens of its ancestors) and one past the last node of its subtree. One pass each, no recursion.
+// Throws std::invalid_argument unless the parents are preorder.
+void forest_metrics(const int64_t* parent, const int64_t* length, int64_t m, int64_t* depth, int64_t* position,
+                    int64_t* subtree_end);
+
 }  // namespace packkit

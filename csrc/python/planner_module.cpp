@@ -196,6 +196,23 @@ py::dict prefix_forest(py::array_t<int64_t, py::array::c_style> tokens, py::arra
   return out;
 }
 
+// (depth, position, subtree_end) of a preorder forest's nodes (prefix_forest.hpp).
+py::tuple forest_metrics(py::array_t<int64_t, py::array::c_style | py::array::forcecast> parent,
+                         py::array_t<int64_t, py::array::c_style | py::array::forcecast> length) {
+  if (parent.ndim() != 1 || length.ndim() != 1 || parent.shape(0) != length.shape(0))
+    throw packkit::InvalidInput("forest_metrics: parent and length must be 1-D and of one size");
+  const int64_t m = parent.shape(0);
+  py::array_t<int64_t> depth(m), position(m), end(m);
+  try {
+    py::gil_scoped_release no_gil;
+    packkit::forest_metrics(parent.data(), length.data(), m, depth.mutable_data(), position.mutable_data(),
+                            end.mutable_data());
+  } catch (const std::invalid_argument& e) {
+    throw packkit::InvalidInput(e.what());
+  }
+  return py::make_tuple(depth, position, end);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_planner, m) {
@@ -209,6 +226,7 @@ PYBIND11_MODULE(_planner, m) {
         py::arg("try_next") = false);
   m.def("prefix_forest", &prefix_forest, py::arg("tokens"), py::arg("offsets"), py::arg("groups") = py::none(),
         py::arg("labels") = py::none());
+  m.def("forest_metrics", &forest_metrics, py::arg("parent"), py::arg("length"));
   m.def("flatten_token_lists", &flatten_token_lists, py::arg("sequences"), py::arg("name"),
         py::arg("non_negative") = true);
 }

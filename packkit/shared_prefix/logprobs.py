@@ -55,8 +55,8 @@ def _flat(values: torch.Tensor, info: SharedPrefixInfo, name: str = "values") ->
     if values.dim() == 0:
         raise ValueError(f"{name} must be [{rows}, {row_len}, ...] (the packed batch) or [{rows * row_len}, ...], "
                          "got a 0-d tensor")
-    if values.device != info.pred.device:
-        raise ValueError(f"{name} are on {values.device} but the packed batch (info) is on {info.pred.device}")
+    if values.device != info.device:
+        raise ValueError(f"{name} are on {values.device} but the packed batch (info) is on {info.device}")
     if values.dim() >= 2 and tuple(values.shape[:2]) == (rows, row_len):
         return values.reshape(rows * row_len, *values.shape[2:])
     if values.shape[0] == rows * row_len:

@@ -49,31 +49,22 @@ class PrefixForest(NamedTuple):
     def num_sequences(self) -> int:
         return len(self.seq_node)
 
+    def _metrics(self) -> tuple:
+        """(depth, position, subtree_end) of every node, in one C++ pass (``packkit._planner.forest_metrics``)."""
+        from .. import _planner
+
+        return _planner.forest_metrics(self.parent, self.length)
+
     def depth(self) -> np.ndarray:
-        depth = np.zeros(self.num_nodes, np.int64)
-        for i in range(self.num_nodes):  # preorder: the parent is already done
-            p = self.parent[i]
-            depth[i] = 0 if p < 0 else depth[p] + 1
-        return depth
+        return self._metrics()[0]
 
     def position(self) -> np.ndarray:
         """Position id of each node's first token: the tokens of its ancestors."""
-        pos = np.zeros(self.num_nodes, np.int64)
-        for i in range(self.num_nodes):
-            p = self.parent[i]
-            if p >= 0:
-                pos[i] = pos[p] + self.length[p]
-        return pos
+        return self._metrics()[1]
 
     def subtree_end(self) -> np.ndarray:
         """One past the last node of each node's subtree (preorder)."""
-        m = self.num_nodes
-        end = np.arange(1, m + 1, dtype=np.int64)
-        for i in range(m - 1, -1, -1):  # children come after parents: fold ends upwards
-            p = self.parent[i]
-            if p >= 0:
-                end[p] = max(end[p], end[i])
-        return end
+        return self._metrics()[2]
 
     def roots(self) -> np.ndarray:
         return np.flatnonzero(self.parent < 0)
