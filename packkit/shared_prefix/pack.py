@@ -255,7 +255,8 @@ def _check_pack_args(capacity, algorithm, dp_size, cost, overlong, device, backe
     check_pad_id(pad_id, torch.int64)
 
 
-def pack_tree(sequences, group_ids=None, *, score_from=None, capacity: Optional[int] = None, device=None,
+def pack_tree(sequences, group_ids=None, *, score_from=None, labels=None, lengths=None, capacity: Optional[int] = None,
+              device=None,
               backend: str = "auto", attention: str = "auto", overlong: str = "error", algorithm: str = "obfd",
               dp_size: int = 1, cost="tokens", pad_id: int = 0, mrope=None) -> tuple[dict, SharedPrefixInfo]:
     """Any sequences (multi-turn conversations, agent trajectories) -> their prefix forest
@@ -265,23 +266,34 @@ def pack_tree(sequences, group_ids=None, *, score_from=None, capacity: Optional[
 
     With ``mrope`` (a Qwen-VL config, as :func:`pack_groups`) a sequence may be a dict with its vision inputs (the
     keys of a :func:`pack_groups` prompt): prefixes are shared only where the tokens *and* the pictures are equal,
-    each shared image is encoded once per packed copy of its node, and positions are the model's mRoPE rows."""
+    each shared image is encoded once per packed copy of its node, and positions are the model's mRoPE rows.
+
+    ``labels`` (one list per sequence, HF's: ``-100`` = not scored, else the token) score exactly the labelled tokens:
+    an agent trajectory's assistant turns, not the tool output between them (:func:`build_tree`; sequences that share
+    a node must agree on its labels). ``lengths``: the sequence lengths when ``sequences`` (and ``labels``) are one
+    flat array / CPU tensor."""
     _check_pack_args(capacity, algorithm, dp_size, cost, overlong, device, backend, attention, pad_id)
     vision = None
     if isinstance(sequences, PrefixForest):
         if mrope is not None:
             raise ValueError("pack_tree got a PrefixForest and mrope=: a forest holds no images; pass the sequences "
                              "(dicts with their vision inputs) instead")
-        given = [name for name, v in (("group_ids", group_ids), ("score_from", score_from)) if v is not None]
+        given = [name for name, v in (("group_ids", group_ids), ("score_from", score_from), ("labels", labels),
+                                      ("lengths", lengths)) if v is not None]
         if given:
             raise ValueError(f"pack_tree got a PrefixForest and {' and '.join(given)}: a forest already fixes its "
                              "groups and scored tokens; pass them to build_tree(sequences, group_ids, "
                              "score_from=...) instead")
         forest = sequences
     else:
-        sequences, vision = split_prompts(sequences, mrope, "sequences")
+        if lengths is None:  # a flat array with lengths holds no dicts
+            sequences, vision = split_prompts(sequences, mrope, "sequences")
+        elif mrope is not None:
+            raise ValueError("pack_tree: lengths= (flat tokens) cannot carry images; pass dict sequences with mrope=")
+        if vision is not None and labels is not None:
+            raise ValueError("pack_tree: labels= with mrope= is not supported yet; use score_from")
         if vision is None:
-            forest = build_tree(sequences, group_ids, score_from=score_from)
+            forest = build_tree(sequences, group_ids, score_from=score_from, labels=labels, lengths=lengths)
         else:
             from .vision_tree import tree_forest
 

@@ -197,6 +197,10 @@ def groups_forest(prompts, completions, labels=None) -> PrefixForest:
                             f"{type(labels).__name__}")
         if len(labels) != len(completions):
             raise ValueError(f"labels has {len(labels)} groups but completions has {len(completions)}")
+    if labels is None:
+        fast = _groups_forest_from_lists(prompts, completions)
+        if fast is not None:
+            return fast
     pieces, label_pieces, parent, length, score_start, seq_node, seq_group, names = [], [], [], [], [], [], [], []
     for g, (prompt, group) in enumerate(zip(prompts, completions)):
         p = _sequence(prompt, f"prompts[{g}]")
@@ -248,6 +252,48 @@ def groups_forest(prompts, completions, labels=None) -> PrefixForest:
                         np.array(score_start, np.int64), np.array(seq_group, np.int64),
                         torch.cat(label_pieces) if labels is not None and label_pieces else
                         (torch.zeros(0, dtype=torch.int64) if labels is not None else None))
+
+
+def _groups_forest_from_lists(prompts, completions):
+    """:func:`groups_forest` when every prompt and completion is a host list / tuple of ints: each list converted
+    once, in C (``flatten_token_lists``), the node arrays built per group; None when something else is given (the
+    general path handles arrays, tensors and every error of shape)."""
+    from .. import _planner
+
+    if not isinstance(prompts, (list, tuple)) or not isinstance(completions, (list, tuple)):
+        return None
+    if any(not isinstance(group, (list, tuple)) or len(group) == 0 for group in completions):
+        return None
+    converted = _planner.flatten_token_lists(prompts, "prompts", True)
+    if converted is None:
+        return None
+    p_flat, p_lens = converted
+    groups = []
+    for g, group in enumerate(completions):
+        c = _planner.flatten_token_lists(group, f"completions[{g}]", True)
+        if c is None:
+            return None
+        groups.append(c)
+    sizes = np.array([len(c_lens) for _, c_lens in groups], np.int64)
+    p_off = np.concatenate([[0], np.cumsum(p_lens)])
+    pieces, length = [], []
+    for g, (c_flat, c_lens) in enumerate(groups):
+        pieces.append(p_flat[p_off[g]:p_off[g + 1]])
+        pieces.append(c_flat)
+        length.append(p_lens[g:g + 1])
+        length.append(c_lens)
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    length = np.concatenate(length) if length else np.zeros(0, np.int64)
+    num_groups = len(groups)
+    root = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]]).astype(np.int64) if num_groups else np.zeros(0, np.int64)
+    parent = np.repeat(root, sizes + 1)
+    parent[root] = -1
+    is_child = parent >= 0
+    seq_node = np.flatnonzero(is_child).astype(np.int64)
+    seq_group = np.repeat(np.arange(num_groups, dtype=np.int64), sizes)
+    src = (np.cumsum(length) - length).astype(np.int64)
+    return PrefixForest(parent.astype(np.int64), length.astype(np.int64), src, torch.from_numpy(tokens), seq_node,
+                        p_lens[seq_group].astype(np.int64), seq_group)
 
 
 def _score_from(score_from, lens: np.ndarray) -> np.ndarray:
