@@ -141,3 +141,42 @@ def test_shared_nodes_must_agree_on_labels_and_bad_labels_are_refused():
     # an empty trajectory list is an empty batch
     batch, info = sp.pack_tree([], labels=[])
     assert tuple(batch["input_ids"].shape) == (1, 0) and info.num_sequences == 0
+
+
+def test_agent_trees_planned_across_ranks():
+    """pack_tree(..., capacity, dp_size): many small trees balance to <= 1.01; a tree larger than a row is split at
+    node boundaries, each part re-carrying its ancestors (reported); every trajectory reads back at its positions;
+    a trajectory longer than capacity is refused with overlong='error'."""
+    rng = np.random.default_rng(3)
+    trajs, labels, groups = [], [], []
+    for task in range(48):
+        seqs, labs = trajectories(seed=task, n=6)
+        trajs += seqs
+        labels += labs
+        groups += [task] * len(seqs)
+    batch, info = sp.pack_tree(trajs, groups, labels=labels, capacity=64, dp_size=4, algorithm="ogbfd")
+    plan = info.plan.plan
+    assert plan.balance <= 1.01, plan.balance
+    assert info.plan.report.copied_tokens == 0
+    flat = batch["input_ids"].reshape(-1)
+    for s in range(len(trajs)):
+        assert flat[torch.from_numpy(info.layout.seq_positions[s])].tolist() == trajs[s]
+    # One big tree over a row: split at node boundaries, ancestors (the system prompt) re-carried and reported.
+    seqs, labs = trajectories(seed=1, n=40, turns=3)
+    unique = int(sp.build_tree(seqs).length.sum())
+    capacity = max(map(len, seqs)) + 4
+    assert unique > capacity
+    batch, info = sp.pack_tree(seqs, labels=labs, capacity=capacity, dp_size=2)
+    report = info.plan.report
+    assert report.split_groups and report.copied_tokens > 0
+    assert info.tokens_forwarded == unique + report.copied_tokens
+    flat = batch["input_ids"].reshape(-1)
+    for s in range(len(seqs)):
+        assert flat[torch.from_numpy(info.layout.seq_positions[s])].tolist() == seqs[s]
+    assert info.score.counts.sum() > 0
+    with pytest.raises(ValueError, match="shared prefix of 6 tokens .* no room for its continuations in capacity=5"):
+        sp.pack_tree(seqs, labels=labs, capacity=5)
+    with pytest.raises(ValueError, match="sequence 1 needs 9 tokens .* more than capacity=8; raise capacity or pass "
+                                         "overlong='truncate'"):
+        sp.pack_tree([[1, 2, 3], [4] * 9], labels=[[-100, 2, 3], [4] * 9], capacity=8)
+    del rng

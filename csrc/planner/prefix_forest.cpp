@@ -81,7 +81,7 @@ class ChildTable {
 }  // namespace
 
 PrefixForestResult build_prefix_forest(const int64_t* tokens, const int64_t* offsets, int64_t n,
-                                       const int64_t* groups, const int64_t* labels) {
+                                       const int64_t* groups, const uint8_t* scored) {
   if (n < 0) throw std::invalid_argument("prefix_forest: negative sequence count");
   if (n > 0 && offsets[0] != 0) throw std::invalid_argument("prefix_forest: offsets must start at 0");
   for (int64_t s = 0; s < n; ++s)
@@ -140,9 +140,9 @@ PrefixForestResult build_prefix_forest(const int64_t* tokens, const int64_t* off
       const int64_t* edge = tokens + offsets[c.seq];
       int64_t d = depth + 1;  // the first token matched through the table
       while (d < stop && edge[d] == t[d]) ++d;
-      if (labels) {
-        const int64_t* mine = labels + offsets[i];
-        const int64_t* theirs = labels + offsets[c.seq];
+      if (scored) {
+        const uint8_t* mine = scored + offsets[i];
+        const uint8_t* theirs = scored + offsets[c.seq];
         for (int64_t k = depth; k < d; ++k)
           if (mine[k] != theirs[k]) {
             conflict(c.seq, i, k);
@@ -231,13 +231,13 @@ PrefixForestResult build_prefix_forest(const int64_t* tokens, const int64_t* off
     total += node.end - start;
   }
   out.tokens.resize(static_cast<size_t>(total));
-  if (labels) out.labels.resize(static_cast<size_t>(total));
+  if (scored) out.scored.resize(static_cast<size_t>(total));
   for (size_t j = 0; j < kept; ++j) {
     const Node& node = nodes[static_cast<size_t>(preorder[j])];
     const int64_t start = node.parent < 0 ? 0 : node.start;
     const int64_t from = offsets[node.seq] + start;
     std::copy(tokens + from, tokens + from + out.length[j], out.tokens.begin() + out.src[j]);
-    if (labels) std::copy(labels + from, labels + from + out.length[j], out.labels.begin() + out.src[j]);
+    if (scored) std::copy(scored + from, scored + from + out.length[j], out.scored.begin() + out.src[j]);
   }
   out.seq_node.resize(static_cast<size_t>(n));
   out.seq_root.resize(static_cast<size_t>(n));

@@ -16,20 +16,21 @@ struct PrefixForestResult {
   std::vector<int64_t> tokens;  // every node's tokens once, in preorder
   std::vector<int64_t> seq_node;  // node at which each sequence ends
   std::vector<int64_t> seq_root;  // root (preorder index) of each sequence's tree
-  // Per-token labels parallel to `tokens` when labels were given (else empty), and the first disagreement:
-  // two sequences that share a token but not its label (-1 when all agree).
-  std::vector<int64_t> labels;
+  // Per-token "scored" flags parallel to `tokens` when they were given (else empty), and the first disagreement:
+  // two sequences that share a token but not its flag (-1 when all agree).
+  std::vector<uint8_t> scored;
   int64_t conflict_first = -1, conflict_second = -1, conflict_offset = -1;
 };
 
 // Sequence s is tokens[offsets[s] .. offsets[s + 1]) (offsets has n + 1 entries, non-decreasing).
 // groups: null (every set of sequences that shares a first token is a tree; empty sequences share one empty
 // root) or one id per sequence (sequences share prefixes only within their group; each group is one tree whose
-// root holds the group's common prefix, possibly empty). labels: null or parallel to tokens; a token shared by
-// several sequences must carry the same label in all of them (else conflict_* name the first pair found).
+// root holds the group's common prefix, possibly empty). scored: null or one flag per token (its label is not
+// -100); a token shared by several sequences must carry the same flag in all of them (else conflict_* name the
+// first pair found).
 // Throws std::invalid_argument on malformed offsets.
 PrefixForestResult build_prefix_forest(const int64_t* tokens, const int64_t* offsets, int64_t n,
-                                       const int64_t* groups, const int64_t* labels = nullptr);
+                                       const int64_t* groups, const uint8_t* scored = nullptr);
 
 // Per node of a preorder forest (parent[i] < i, -1 for a root): its depth, the position of its first token (the
 // tokens of its ancestors) and one past the last node of its subtree. One pass each, no recursion.

@@ -53,22 +53,25 @@ def build_tree(sequences, group_ids=None, *, score_from=None, labels=None, lengt
         if score_from is not None:
             raise ValueError("build_tree got labels and score_from: the labels say which tokens are scored (-100: "
                              "not scored); pass one of them")
-        flat_labels = _labels(labels, lengths, flat, lens, offsets)
+        flat_labels = _scored_flags(labels, lengths, flat, lens, offsets)
     from .. import _planner
 
     raw = _planner.prefix_forest(flat, offsets, groups, flat_labels)
     first, second, at = (int(v) for v in raw["conflict"])
     if first >= 0:
+        token = int(flat[offsets[first] + at])
+        shown = [token if flat_labels[offsets[k] + at] else IGNORE for k in (first, second)]
         raise ValueError(f"sequences {first} and {second} share token {at} (one tree node) but their labels differ "
-                         f"there ({int(flat_labels[offsets[first] + at])} vs {int(flat_labels[offsets[second] + at])}):"
-                         " a shared token is forwarded once and scored once, so the labels of every sequence through "
-                         "it must agree")
+                         f"there ({shown[0]} vs {shown[1]}): a shared token is forwarded once and scored once, so the "
+                         "labels of every sequence through it must agree")
     if flat_labels is not None:
         score = _first_scored(flat_labels, offsets, lens)
     else:
         score = _score_from(score_from, lens)
     seq_group = groups if groups is not None else raw["seq_root"]
-    label_tensor = None if flat_labels is None else torch.from_numpy(raw["labels"])
+    label_tensor = None
+    if flat_labels is not None:
+        label_tensor = torch.from_numpy(np.where(raw["scored"].astype(bool), raw["tokens"], IGNORE))
     return PrefixForest(raw["parent"], raw["length"], raw["src"], torch.from_numpy(raw["tokens"]), raw["seq_node"],
                         score, seq_group, label_tensor)
 
@@ -84,36 +87,44 @@ def _group_ids(group_ids, n: int):
     return np.ascontiguousarray(groups, np.int64)
 
 
-def _labels(labels, lengths, flat: np.ndarray, lens: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Flat int64 labels parallel to ``flat``: one list per sequence of its length, each ``-100`` or the token."""
+def _scored_flags(labels, lengths, flat: np.ndarray, lens: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """One uint8 flag per token of ``flat`` (1: scored): ``labels`` one list per sequence of its length (or flat, with
+    ``lengths``), each label ``-100`` or the token itself. Label lists are read in one C pass, never copied to int64."""
     if lengths is None and (isinstance(labels, (str, bytes, torch.Tensor)) or not isinstance(labels, Sequence)):
         raise TypeError(f"labels must be a list of label sequences (one per sequence), got {type(labels).__name__}")
     if lengths is None and len(labels) != len(lens):
         raise ValueError(f"labels has {len(labels)} entries but there are {len(lens)} sequences: one label list per "
                          "sequence")
+    from .. import _planner
+
+    if lengths is None:
+        flags = _planner.label_flags(labels, flat, offsets)
+        if flags is not None:
+            return flags
     lab, lab_lens = host_sequences(labels, lengths, "labels", token_ids=False)
     if len(lab_lens) != len(lens) or (lab_lens != lens).any():
         i = int(np.flatnonzero(lab_lens != lens)[0]) if len(lab_lens) == len(lens) else len(lens)
         raise ValueError(f"labels[{i}] has {int(lab_lens[i]) if i < len(lab_lens) else 0} labels but sequences[{i}] has "
                          f"{int(lens[i]) if i < len(lens) else 0} tokens: labels must be parallel to the tokens")
-    bad = np.flatnonzero((lab != IGNORE) & (lab != flat))
+    scored = lab != IGNORE
+    bad = np.flatnonzero(scored & (lab != flat))
     if len(bad):
         at = int(bad[0])
         i = int(np.searchsorted(offsets, at, side="right")) - 1
         k = at - int(offsets[i])
         raise ValueError(f"labels[{i}][{k}] is {int(lab[at])} but sequences[{i}][{k}] is token {int(flat[at])}: a "
                          "label is -100 (not scored) or the token itself")
-    return lab
+    return scored.view(np.uint8)
 
 
-def _first_scored(flat_labels: np.ndarray, offsets: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Each sequence's first scored token (its length when none is)."""
+def _first_scored(flags: np.ndarray, offsets: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Each sequence's first scored token (its length when none is), without a copy per token."""
     score = lens.copy()
-    scored = np.flatnonzero(flat_labels != IGNORE)
-    if len(scored):
-        seq = np.searchsorted(offsets, scored, side="right") - 1
-        uniq, first = np.unique(seq, return_index=True)
-        score[uniq] = scored[first] - offsets[uniq]
+    for s in range(len(lens)):
+        piece = flags[offsets[s]:offsets[s + 1]]
+        at = int(piece.argmax()) if len(piece) else 0
+        if len(piece) and piece[at]:
+            score[s] = at
     return score
 
 
