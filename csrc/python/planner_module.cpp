@@ -181,7 +181,8 @@ py::object label_flags(py::handle labels, py::array_t<int64_t, py::array::c_styl
     for (Py_ssize_t k = 0; k < len; ++k) {
       PyObject* v = values[k];
       auto where = [i]() { return "labels[" + std::to_string(i) + "]"; };  // built only for an error
-      if (PyBool_Check(v)) throw py::type_error(where() + " holds a bool (at " + std::to_string(k) + "); labels are ints");
+      if (PyBool_Check(v))
+        throw py::type_error(where() + " holds a bool (at " + std::to_string(k) + "); labels are ints");
       if (!PyLong_Check(v) && !PyIndex_Check(v))
         throw py::type_error(where() + "[" + std::to_string(k) + "] is a " + Py_TYPE(v)->tp_name +
                              ": every element must be an integer label");
@@ -207,7 +208,8 @@ py::object label_flags(py::handle labels, py::array_t<int64_t, py::array::c_styl
 
 // packkit.shared_prefix.build_tree's radix build (prefix_forest.hpp): flat int64 tokens + offsets [n + 1],
 // optional int64 groups [n] and labels (parallel to tokens).
-py::dict prefix_forest(py::array_t<int64_t, py::array::c_style> tokens, py::array_t<int64_t, py::array::c_style> offsets,
+py::dict prefix_forest(py::array_t<int64_t, py::array::c_style> tokens,
+                       py::array_t<int64_t, py::array::c_style> offsets,
                        py::object groups, py::object labels) {
   if (tokens.ndim() != 1 || offsets.ndim() != 1 || offsets.shape(0) < 1)
     throw packkit::InvalidInput("prefix_forest: tokens and offsets must be 1-D (offsets: n + 1 entries)");

@@ -14,6 +14,10 @@ per-token results come back in verl's layout (zeros past each response), differe
 ``multi_modal_inputs`` and verl's ``[b, 3|4, S]`` ``position_ids``) encode each uid's images once; the vision tower
 keeps SDPA (``packkit.shared_prefix.hf``). Only torch and transformers are used
 here, so it also runs where verl is not installed.
+
+Multi-turn agent rollouts (verl's agent loop: assistant turns and tool output in one response, ``response_mask``):
+:func:`multi_turn_tree_batch` packs each uid as one prefix tree scored where ``response_mask`` is 1, and its
+``to_verl`` maps per-token results back to ``[B, response_length]``.
 """
 from __future__ import annotations
 
@@ -131,8 +135,8 @@ def multi_turn_tree_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
     for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask), ("response_mask", response_mask)):
         if not isinstance(value, torch.Tensor) or value.dim() != 2:
-            raise TypeError(f"{name} must be a [batch, length] tensor, got "
-                            f"{f'a {value.dim()}-d tensor' if isinstance(value, torch.Tensor) else type(value).__name__}")
+            what = f"a {value.dim()}-d tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise TypeError(f"{name} must be a [batch, length] tensor, got {what}")
     if input_ids.is_floating_point() or input_ids.dtype == torch.bool:
         raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
     b, s = input_ids.shape

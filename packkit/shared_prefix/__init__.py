@@ -26,6 +26,7 @@ from .vision import VisionReport
 __all__ = ["PrefixForest", "build_tree", "groups_forest", "sequences_forest", "TreePlan", "plan_trees", "split_oversized", "tree_costs",
            "tree_micro_batches", "SharedPrefixInfo", "pack_forest", "pack_groups", "pack_tree", "ATTENTION_PATHS",
            "SharedPrefixAttention", "NAME", "register_attention", "shared_prefix_attention_forward",
-           "CompletionLogprobs", "completion_logprobs", "completion_values", "dpo_logps", "grpo_token_mean_loss", "ppo_token_mean_loss",
+           "CompletionLogprobs", "completion_logprobs", "completion_values", "dpo_logps", "grpo_token_mean_loss",
+           "ppo_token_mean_loss",
            "SharedPrefixCollator", "dpo_loss", "RolloutGroupsInfo", "check_rollout_groups", "pack_rollout_groups",
            "rollout_logprobs", "STATUS_ERRORS", "check_forest", "check_status", "status_errors", "VisionReport"]

@@ -234,8 +234,8 @@ def ppo_token_mean_loss(logprobs: CompletionLogprobs, advantages, old_logprobs, 
     policy = grpo_token_mean_loss(logprobs, advantages, old_logprobs, clip_eps=clip_eps)
     given = [name for name, v in (("values", values), ("returns", returns)) if v is not None]
     if len(given) == 1:
-        raise ValueError(f"ppo_token_mean_loss got {given[0]} without {'returns' if given[0] == 'values' else 'values'}:"
-                         " the value loss needs both")
+        other = "returns" if given[0] == "values" else "values"
+        raise ValueError(f"ppo_token_mean_loss got {given[0]} without {other}: the value loss needs both")
     if values is None:
         if old_values is not None or value_clip_eps is not None:
             raise ValueError("old_values / value_clip_eps need values and returns")

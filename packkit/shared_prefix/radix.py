@@ -104,8 +104,9 @@ def _scored_flags(labels, lengths, flat: np.ndarray, lens: np.ndarray, offsets: 
     lab, lab_lens = host_sequences(labels, lengths, "labels", token_ids=False)
     if len(lab_lens) != len(lens) or (lab_lens != lens).any():
         i = int(np.flatnonzero(lab_lens != lens)[0]) if len(lab_lens) == len(lens) else len(lens)
-        raise ValueError(f"labels[{i}] has {int(lab_lens[i]) if i < len(lab_lens) else 0} labels but sequences[{i}] has "
-                         f"{int(lens[i]) if i < len(lens) else 0} tokens: labels must be parallel to the tokens")
+        have = int(lab_lens[i]) if i < len(lab_lens) else 0
+        raise ValueError(f"labels[{i}] has {have} labels but sequences[{i}] has {int(lens[i]) if i < len(lens) else 0} "
+                         "tokens: labels must be parallel to the tokens")
     scored = lab != IGNORE
     bad = np.flatnonzero(scored & (lab != flat))
     if len(bad):
