@@ -19,6 +19,8 @@ Every system's loss is checked equal to the shared one (fp32, rel 1e-4) before t
     python benchmarks/bench_shared_prefix.py --device cuda --dtype bf16   # GPU rows: shared_prefix_<gpu>.json
     python benchmarks/bench_shared_prefix.py --vlm      # vision-language rows (bench_shared_prefix_vlm.py):
                                                         # shared_prefix_vlm_cpu.json
+    python benchmarks/bench_shared_prefix.py --agentic  # agent trajectories (bench_shared_prefix_agentic.py):
+                                                        # shared_prefix_agentic_cpu.json
 
 On a GPU (``--device cuda``) the systems are ``shared`` (the FlashAttention-varlen two-pass path),
 ``shared_flex`` (FlexAttention with the tree BlockMask), ``unshared`` (varlen, pass 1 only) and
@@ -239,9 +241,14 @@ def main(argv=None):
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
     parser.add_argument("--vlm", action="store_true", help="the vision-language rows (CPU)")
+    parser.add_argument("--agentic", action="store_true", help="agent trajectories: host build + one step (CPU)")
     args = parser.parse_args(argv)
     if args.vlm:
         return main_vlm(args)
+    if args.agentic:
+        from bench_shared_prefix_agentic import main_agentic
+
+        return main_agentic(args, machine_info, write_results)
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device visible")

@@ -23,6 +23,9 @@ def fp64_norms(monkeypatch):
 
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", _rmsnorm_in_input_dtype)
     monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", _rmsnorm_in_input_dtype)
+    from transformers.models.qwen3 import modeling_qwen3
+
+    monkeypatch.setattr(modeling_qwen3.Qwen3RMSNorm, "forward", _rmsnorm_in_input_dtype)
 
 
 def tiny(kind="llama", attn="sdpa"):
@@ -31,8 +34,14 @@ def tiny(kind="llama", attn="sdpa"):
     torch.manual_seed(0)
     common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, use_cache=False, attn_implementation=attn)
-    config = (transformers.LlamaConfig if kind == "llama" else transformers.Qwen2Config)(**common)
-    model = (transformers.LlamaForCausalLM if kind == "llama" else transformers.Qwen2ForCausalLM)(config)
+    classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+               "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}
+    config_cls, model_cls = classes.get(kind, classes["qwen2"])
+    if kind == "qwen3":
+        common["head_dim"] = 8
+    config = config_cls(**common)
+    model = model_cls(config)
     return model.to(torch.float64)
 
 

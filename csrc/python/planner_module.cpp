@@ -7,6 +7,7 @@
 
 #include "../planner/micro_batches.hpp"
 #include "../planner/planner.hpp"
+#include "../planner/prefix_forest.hpp"
 
 namespace py = pybind11;
 
@@ -99,6 +100,174 @@ py::object rl_micro_batches(py::array_t<int64_t, py::array::c_style> lengths,
   return std::move(out);
 }
 
+// Token lists -> (flat int64 array, int64 lengths) in one C pass, or None when an item is not a list or tuple
+// (the caller converts those itself). A bool, a float or any non-integer is a TypeError naming name[i][k]; with
+// non_negative, a negative id is a ValueError naming it (token ids index the embedding; labels may be -100).
+py::object flatten_token_lists(py::handle sequences, const std::string& name, bool non_negative) {
+  PyObject* seqs = sequences.ptr();
+  if (!PyList_Check(seqs) && !PyTuple_Check(seqs)) return py::none();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seqs);
+  PyObject** items = PySequence_Fast_ITEMS(seqs);
+  int64_t total = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!PyList_Check(items[i]) && !PyTuple_Check(items[i])) return py::none();
+    total += PySequence_Fast_GET_SIZE(items[i]);
+  }
+  py::array_t<int64_t> flat(total), lengths(n);
+  int64_t* out = flat.mutable_data();
+  int64_t* lens = lengths.mutable_data();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const Py_ssize_t len = PySequence_Fast_GET_SIZE(items[i]);
+    PyObject** values = PySequence_Fast_ITEMS(items[i]);
+    lens[i] = len;
+    for (Py_ssize_t k = 0; k < len; ++k) {
+      PyObject* v = values[k];
+      long long x;
+      if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow)
+          throw py::type_error(name + "[" + std::to_string(i) + "][" + std::to_string(k) +
+                               "] does not fit in int64: every element must be an integer token id");
+      } else if (PyBool_Check(v)) {
+        throw py::type_error(name + "[" + std::to_string(i) + "] holds a bool (at " + std::to_string(k) +
+                             "); token ids must be ints");
+      } else if (!PyIndex_Check(v)) {
+        throw py::type_error(name + "[" + std::to_string(i) + "][" + std::to_string(k) + "] is a " +
+                             Py_TYPE(v)->tp_name + ": every element must be an integer token id");
+      } else {  // numpy integers, int subclasses
+        py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(v));
+        if (!index) throw py::error_already_set();
+        int overflow = 0;
+        x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+        if (overflow)
+          throw py::type_error(name + "[" + std::to_string(i) + "][" + std::to_string(k) +
+                               "] does not fit in int64: every element must be an integer token id");
+      }
+      if (non_negative && x < 0)
+        throw py::value_error(name + "[" + std::to_string(i) + "][" + std::to_string(k) + "] is " + std::to_string(x) +
+                              ": token ids index the embedding and must be >= 0");
+      *out++ = x;
+    }
+  }
+  return py::make_tuple(flat, lengths);
+}
+
+// Per-token label lists (one per sequence, parallel to flat tokens split by offsets) -> one "scored" flag per token
+// (uint8), in one C pass and without an int64 copy of the labels: a label is -100 (not scored) or the token itself.
+// None when an item is not a list or tuple. Ragged labels, non-ints and other values are errors naming labels[i][k].
+py::object label_flags(py::handle labels, py::array_t<int64_t, py::array::c_style> tokens,
+                       py::array_t<int64_t, py::array::c_style> offsets) {
+  PyObject* seqs = labels.ptr();
+  if (!PyList_Check(seqs) && !PyTuple_Check(seqs)) return py::none();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seqs);
+  if (n + 1 != offsets.shape(0))
+    throw py::value_error("labels has " + std::to_string(n) + " entries but there are " +
+                          std::to_string(offsets.shape(0) - 1) + " sequences: one label list per sequence");
+  PyObject** items = PySequence_Fast_ITEMS(seqs);
+  for (Py_ssize_t i = 0; i < n; ++i)
+    if (!PyList_Check(items[i]) && !PyTuple_Check(items[i])) return py::none();
+  const int64_t* tok = tokens.data();
+  const int64_t* off = offsets.data();
+  py::array_t<uint8_t> flags(tokens.shape(0));
+  uint8_t* out = flags.mutable_data();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const Py_ssize_t len = PySequence_Fast_GET_SIZE(items[i]);
+    if (len != off[i + 1] - off[i])
+      throw py::value_error("labels[" + std::to_string(i) + "] has " + std::to_string(len) + " labels but sequences[" +
+                            std::to_string(i) + "] has " + std::to_string(off[i + 1] - off[i]) +
+                            " tokens: labels must be parallel to the tokens");
+    PyObject** values = PySequence_Fast_ITEMS(items[i]);
+    for (Py_ssize_t k = 0; k < len; ++k) {
+      PyObject* v = values[k];
+      auto where = [i]() { return "labels[" + std::to_string(i) + "]"; };  // built only for an error
+      if (PyBool_Check(v))
+        throw py::type_error(where() + " holds a bool (at " + std::to_string(k) + "); labels are ints");
+      if (!PyLong_Check(v) && !PyIndex_Check(v))
+        throw py::type_error(where() + "[" + std::to_string(k) + "] is a " + Py_TYPE(v)->tp_name +
+                             ": every element must be an integer label");
+      int overflow = 0;
+      long long x;
+      if (PyLong_CheckExact(v)) {
+        x = PyLong_AsLongLongAndOverflow(v, &overflow);
+      } else {
+        py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(v));
+        if (!index) throw py::error_already_set();
+        x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+      }
+      const int64_t token = tok[off[i] + k];
+      if (overflow || (x != -100 && x != token))
+        throw py::value_error(where() + "[" + std::to_string(k) + "] is " + py::str(v).cast<std::string>() +
+                              " but sequences[" + std::to_string(i) + "][" + std::to_string(k) + "] is token " +
+                              std::to_string(token) + ": a label is -100 (not scored) or the token itself");
+      out[off[i] + k] = x != -100;
+    }
+  }
+  return std::move(flags);
+}
+
+// packkit.shared_prefix.build_tree's radix build (prefix_forest.hpp): flat int64 tokens + offsets [n + 1],
+// optional int64 groups [n] and labels (parallel to tokens).
+py::dict prefix_forest(py::array_t<int64_t, py::array::c_style> tokens,
+                       py::array_t<int64_t, py::array::c_style> offsets,
+                       py::object groups, py::object labels) {
+  if (tokens.ndim() != 1 || offsets.ndim() != 1 || offsets.shape(0) < 1)
+    throw packkit::InvalidInput("prefix_forest: tokens and offsets must be 1-D (offsets: n + 1 entries)");
+  const int64_t n = offsets.shape(0) - 1;
+  if (offsets.data()[n] != tokens.shape(0))
+    throw packkit::InvalidInput("prefix_forest: offsets must end at the number of tokens");
+  py::array_t<int64_t, py::array::c_style> group_array;
+  py::array_t<uint8_t, py::array::c_style> label_array;
+  const int64_t* group_ptr = nullptr;
+  const uint8_t* label_ptr = nullptr;
+  if (!groups.is_none()) {
+    group_array = py::array_t<int64_t, py::array::c_style>::ensure(groups);
+    if (!group_array || group_array.ndim() != 1 || group_array.shape(0) != n)
+      throw packkit::InvalidInput("prefix_forest: groups must be int64 [n]");
+    group_ptr = group_array.data();
+  }
+  if (!labels.is_none()) {
+    label_array = py::array_t<uint8_t, py::array::c_style>::ensure(labels);
+    if (!label_array || label_array.ndim() != 1 || label_array.shape(0) != tokens.shape(0))
+      throw packkit::InvalidInput("prefix_forest: scored flags must be uint8, parallel to tokens");
+    label_ptr = label_array.data();
+  }
+  packkit::PrefixForestResult result;
+  try {
+    py::gil_scoped_release no_gil;
+    result = packkit::build_prefix_forest(tokens.data(), offsets.data(), n, group_ptr, label_ptr);
+  } catch (const std::invalid_argument& e) {
+    throw packkit::InvalidInput(e.what());
+  }
+  py::dict out;
+  out["parent"] = to_numpy(std::move(result.parent));
+  out["length"] = to_numpy(std::move(result.length));
+  out["src"] = to_numpy(std::move(result.src));
+  out["tokens"] = to_numpy(std::move(result.tokens));
+  out["seq_node"] = to_numpy(std::move(result.seq_node));
+  out["seq_root"] = to_numpy(std::move(result.seq_root));
+  out["scored"] = label_ptr ? py::object(to_numpy(std::move(result.scored))) : py::object(py::none());
+  out["conflict"] = py::make_tuple(result.conflict_first, result.conflict_second, result.conflict_offset);
+  return out;
+}
+
+// (depth, position, subtree_end) of a preorder forest's nodes (prefix_forest.hpp).
+py::tuple forest_metrics(py::array_t<int64_t, py::array::c_style | py::array::forcecast> parent,
+                         py::array_t<int64_t, py::array::c_style | py::array::forcecast> length) {
+  if (parent.ndim() != 1 || length.ndim() != 1 || parent.shape(0) != length.shape(0))
+    throw packkit::InvalidInput("forest_metrics: parent and length must be 1-D and of one size");
+  const int64_t m = parent.shape(0);
+  py::array_t<int64_t> depth(m), position(m), end(m);
+  try {
+    py::gil_scoped_release no_gil;
+    packkit::forest_metrics(parent.data(), length.data(), m, depth.mutable_data(), position.mutable_data(),
+                            end.mutable_data());
+  } catch (const std::invalid_argument& e) {
+    throw packkit::InvalidInput(e.what());
+  }
+  return py::make_tuple(depth, position, end);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_planner, m) {
@@ -110,4 +279,10 @@ PYBIND11_MODULE(_planner, m) {
         py::arg("dp_size"), py::arg("num_micro_batches"), py::arg("equal_count"), py::arg("refine_rounds") = 256,
         py::arg("search_rounds") = 0, py::arg("search_above") = 1.0, py::arg("goal_margin") = -1.0,
         py::arg("try_next") = false);
+  m.def("prefix_forest", &prefix_forest, py::arg("tokens"), py::arg("offsets"), py::arg("groups") = py::none(),
+        py::arg("labels") = py::none());
+  m.def("label_flags", &label_flags, py::arg("labels"), py::arg("tokens"), py::arg("offsets"));
+  m.def("forest_metrics", &forest_metrics, py::arg("parent"), py::arg("length"));
+  m.def("flatten_token_lists", &flatten_token_lists, py::arg("sequences"), py::arg("name"),
+        py::arg("non_negative") = true);
 }

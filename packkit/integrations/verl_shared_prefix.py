@@ -14,6 +14,10 @@ per-token results come back in verl's layout (zeros past each response), differe
 ``multi_modal_inputs`` and verl's ``[b, 3|4, S]`` ``position_ids``) encode each uid's images once; the vision tower
 keeps SDPA (``packkit.shared_prefix.hf``). Only torch and transformers are used
 here, so it also runs where verl is not installed.
+
+Multi-turn agent rollouts (verl's agent loop: assistant turns and tool output in one response, ``response_mask``):
+:func:`multi_turn_tree_batch` packs each uid as one prefix tree scored where ``response_mask`` is 1, and its
+``to_verl`` maps per-token results back to ``[B, response_length]``.
 """
 from __future__ import annotations
 
@@ -92,3 +96,77 @@ def shared_prefix_log_probs(model, micro_batch, uids, *, temperature: float = 1.
         entropy = per_row.new_zeros((len(info.rows), width))
         entropy[:, :n] = per_row[:, :n].masked_fill(~mask[:, :n], 0)
     return entropy, log_probs
+
+
+class MultiTurnTree:
+    """What :func:`multi_turn_tree_batch` returns: ``batch`` (the shared-prefix model batch), ``info`` (for
+    :func:`packkit.shared_prefix.completion_logprobs` / ``completion_values``) and :meth:`to_verl`, which maps any
+    ``[N, W]`` per-token result (log-probs, values, entropy) back to verl's ``[B, response_length]`` layout."""
+
+    def __init__(self, batch, info, rows, cols, packed_cols, shape):
+        self.batch, self.info = batch, info
+        self._rows, self._cols, self._packed_cols, self._shape = rows, cols, packed_cols, shape
+
+    def to_verl(self, padded: torch.Tensor) -> torch.Tensor:
+        """``[B, response_length]``: each response token's entry where ``response_mask`` is 1, zeros elsewhere (tool
+        output and padding); differentiable."""
+        if not isinstance(padded, torch.Tensor) or padded.dim() < 2 or padded.shape[0] != self._shape[0]:
+            raise ValueError(f"to_verl takes the [N={self._shape[0]}, W] result of completion_logprobs(...).padded or "
+                             f"completion_values, got {getattr(padded, 'shape', type(padded).__name__)}")
+        device = padded.device
+        rows, cols, packed = (torch.from_numpy(a).to(device) for a in (self._rows, self._cols, self._packed_cols))
+        out = padded.new_zeros((*self._shape, *padded.shape[2:]))
+        return out.index_put((rows, cols), padded[rows, packed])
+
+
+def multi_turn_tree_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor, uids,
+                          **pack_kwargs) -> MultiTurnTree:
+    """verl multi-turn rollouts (its agent loop: ``input_ids`` / ``attention_mask`` ``[B, S]`` = a left-padded prompt
+    then a right-padded response of ``response_length`` columns holding assistant turns and tool output;
+    ``response_mask`` ``[B, response_length]``, verl's ``response_mask`` / Megatron's ``loss_mask``: 1 = generated,
+    0 = tool output or padding; ``uids`` one id per row) -> a shared-prefix tree batch: each uid one tree, every
+    shared prefix (the prompt, and any turns rows share) forwarded once, exactly the generated tokens scored
+    (``labels``). The tokens are read on the host (one device-to-host copy of the three tensors): the tree is built
+    there. ``pack_kwargs`` go to :func:`packkit.shared_prefix.pack_tree` (``capacity``, ``dp_size``, ``device`` ...).
+
+    Refused, by name: masks holding other values than 0 / 1, a response_mask of 1 on padding (``attention_mask`` 0),
+    shapes that do not line up."""
+    from ..shared_prefix import pack_tree
+
+    for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask), ("response_mask", response_mask)):
+        if not isinstance(value, torch.Tensor) or value.dim() != 2:
+            what = f"a {value.dim()}-d tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise TypeError(f"{name} must be a [batch, length] tensor, got {what}")
+    if input_ids.is_floating_point() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    b, s = input_ids.shape
+    r = response_mask.shape[1]
+    if tuple(attention_mask.shape) != (b, s) or response_mask.shape[0] != b or r > s:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must be input_ids' {(b, s)} and response_mask "
+                         f"{tuple(response_mask.shape)} [{b}, response_length <= {s}]")
+    ids = input_ids.detach().cpu().numpy().astype(np.int64, copy=False)
+    am = attention_mask.detach().cpu().numpy()
+    rm = response_mask.detach().cpu().numpy()
+    for name, m in (("attention_mask", am), ("response_mask", rm)):
+        if m.size and not np.isin(m, (0, 1)).all():
+            raise ValueError(f"{name} holds a value other than 0 and 1")
+    am, rm = am.astype(bool), rm.astype(bool)
+    on_pad = rm & ~am[:, s - r:]
+    if on_pad.any():
+        row, col = (int(v) for v in np.argwhere(on_pad)[0])
+        raise ValueError(f"response_mask[{row}, {col}] is 1 on padding (attention_mask[{row}, {s - r + col}] is 0): "
+                         "only real tokens can be scored")
+    keys = np.asarray(uids, dtype=object)
+    if keys.shape != (b,):
+        raise ValueError(f"uids must hold one id per row ({b}), got shape {keys.shape}")
+    _, groups = np.unique(keys.astype(str), return_inverse=True)
+    labels = np.full((b, s), -100, np.int64)
+    labels[:, s - r:] = np.where(rm, ids[:, s - r:], -100)
+    lengths = am.sum(1).astype(np.int64)
+    batch, info = pack_tree(ids[am], groups.astype(np.int64), labels=labels[am], lengths=lengths, **pack_kwargs)
+    # verl column c of row b is token (valid prompt tokens of b) + c of its trajectory; packed column = that minus
+    # the trajectory's first scored token.
+    prompt_valid = am[:, :s - r].sum(1)
+    rows, cols = np.nonzero(rm)
+    packed = prompt_valid[rows] + cols - info.forest.score_start[rows]
+    return MultiTurnTree(batch, info, rows.astype(np.int64), cols.astype(np.int64), packed.astype(np.int64), (b, r))

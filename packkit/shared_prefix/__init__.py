@@ -17,7 +17,8 @@ from .planning import TreePlan, plan_trees, split_oversized, tree_costs, tree_mi
 from .pack import SharedPrefixInfo, pack_forest, pack_groups, pack_tree
 from .attention_meta import ATTENTION_PATHS, SharedPrefixAttention
 from .hf import NAME, register_attention, shared_prefix_attention_forward
-from .logprobs import CompletionLogprobs, completion_logprobs, completion_values, dpo_logps, grpo_token_mean_loss
+from .logprobs import (CompletionLogprobs, completion_logprobs, completion_values, dpo_logps, grpo_token_mean_loss,
+                       ppo_token_mean_loss)
 from .collator import SharedPrefixCollator, dpo_loss
 from .rollouts import RolloutGroupsInfo, check_rollout_groups, pack_rollout_groups, rollout_logprobs
 from .vision import VisionReport
@@ -26,5 +27,6 @@ __all__ = ["PrefixForest", "build_tree", "groups_forest", "sequences_forest", "T
            "tree_micro_batches", "SharedPrefixInfo", "pack_forest", "pack_groups", "pack_tree", "ATTENTION_PATHS",
            "SharedPrefixAttention", "NAME", "register_attention", "shared_prefix_attention_forward",
            "CompletionLogprobs", "completion_logprobs", "completion_values", "dpo_logps", "grpo_token_mean_loss",
+           "ppo_token_mean_loss",
            "SharedPrefixCollator", "dpo_loss", "RolloutGroupsInfo", "check_rollout_groups", "pack_rollout_groups",
            "rollout_logprobs", "STATUS_ERRORS", "check_forest", "check_status", "status_errors", "VisionReport"]

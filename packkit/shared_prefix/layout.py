@@ -53,50 +53,119 @@ def tree_layout(forest: PrefixForest, rows: list, row_len: int | None = None) ->
     dst = row_of * row_len + in_row
     end = in_row + (csum[sub_end[order]] - csum[order])
     depth_all = forest.depth()
-    packed_of = np.full(forest.num_nodes, -1, np.int64)
-    packed_of[order] = np.arange(len(order))
-    seq_positions = []
-    for node in forest.seq_node:
-        path = []
-        k = int(node)
-        while k >= 0:
-            path.append(packed_of[k])
-            k = int(forest.parent[k])
-        if min(path) < 0:
-            raise ValueError("a sequence's tree is in no row of the plan")
-        parts = [np.arange(dst[p], dst[p] + length[p]) for p in reversed(path)]
-        seq_positions.append(np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64))
+    seq_positions = SequencePositions(forest, order, dst, length, depth_all)
     pos = forest.position()
     return TreeLayout(num_rows, int(row_len), order, forest.src[order], dst.astype(np.int64), length,
                       pos[order], end.astype(np.int64), depth_all[order], row_offsets, seq_positions,
                       int((pos + forest.length).max()) if forest.num_nodes else 0)
 
 
-class ScoreIndex(NamedTuple):
-    """Where each scored token's log-prob comes from (host arrays over all scored tokens, sequence-major)."""
+class SequencePositions:
+    """``seq_positions[s]``: the flat packed position of each token of sequence ``s`` (prefix included), computed on
+    demand from the runs of its root-to-node path (one run per path node): O(nodes on the paths) memory, not one
+    array per sequence of its whole length."""
 
-    pred: np.ndarray  # flat packed position whose logits predict the token
-    target: np.ndarray  # flat packed position of the token itself
-    valid: np.ndarray  # False for a first token with nothing before it (an empty prompt)
+    def __init__(self, forest: PrefixForest, order: np.ndarray, dst: np.ndarray, length: np.ndarray,
+                 depth: np.ndarray):
+        n = forest.num_sequences
+        packed_of = np.full(forest.num_nodes, -1, np.int64)
+        packed_of[order] = np.arange(len(order), dtype=np.int64)
+        seqs, nodes = [], []
+        cur, who = np.asarray(forest.seq_node, np.int64), np.arange(n, dtype=np.int64)
+        while len(cur):  # one level up per pass, only the sequences whose path goes on
+            seqs.append(who)
+            nodes.append(cur)
+            up = forest.parent[cur]
+            keep = up >= 0
+            cur, who = up[keep], who[keep]
+        seq = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
+        node = np.concatenate(nodes) if nodes else np.zeros(0, np.int64)
+        packed = packed_of[node]
+        if (packed < 0).any():
+            raise ValueError("a sequence's tree is in no row of the plan")
+        by = np.lexsort((depth[node], seq))  # sequence-major, root first
+        self.seq, self.packed = seq[by], packed[by]
+        self.dst, self.length = dst[self.packed], length[self.packed]
+        self.offsets = np.zeros(n + 1, np.int64)  # runs of sequence s: offsets[s] .. offsets[s + 1]
+        np.cumsum(np.bincount(self.seq, minlength=n), out=self.offsets[1:])
+        run_end = np.cumsum(self.length)  # tokens before a run within its sequence
+        self.before = run_end - self.length - np.repeat(
+            np.concatenate([[0], run_end])[self.offsets[:-1]], np.diff(self.offsets))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, s: int) -> np.ndarray:
+        lo, hi = self.offsets[s], self.offsets[s + 1]
+        parts = [np.arange(d, d + n, dtype=np.int64) for d, n in zip(self.dst[lo:hi], self.length[lo:hi])]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+class ScoreIndex(NamedTuple):
+    """Where each scored token's log-prob comes from, as runs (host arrays over runs, sequence-major): run ``r`` scores
+    ``count[r]`` consecutive tokens of sequence ``seq[r]``, columns ``col[r] ..`` of the padded form, packed at flat
+    positions ``target[r] ..``; each is predicted by the position before it, except the run's first token, predicted
+    at ``pred[r]`` (``-1``: a first token with nothing before it). Expanded per token on the device
+    (:func:`expand_scores`) only when log-probs are asked for."""
+
+    seq: np.ndarray
+    col: np.ndarray
+    target: np.ndarray
+    pred: np.ndarray
+    count: np.ndarray
     counts: np.ndarray  # scored tokens per sequence
     width: int  # the padded form's width (max count)
+
+    @property
+    def num_scored(self) -> int:
+        return int(self.count.sum())
 
 
 def score_index(forest: PrefixForest, layout: TreeLayout) -> ScoreIndex:
     """Tokens ``score_start .. end`` of every sequence; token ``j`` is predicted at token ``j - 1``'s
     position, so a branch's first token is predicted by its prefix's last position, which all siblings share."""
-    preds, targets, valid, counts = [], [], [], []
-    for s, positions in enumerate(layout.seq_positions):
-        start = int(forest.score_start[s])
-        n = len(positions) - start
-        counts.append(n)
-        if n <= 0:
-            continue
-        j = np.arange(start, len(positions))
-        targets.append(positions[j])
-        preds.append(positions[np.maximum(j - 1, 0)])
-        valid.append(j >= 1)
-    cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)  # noqa: E731
-    counts = np.maximum(np.array(counts, np.int64), 0)
-    return ScoreIndex(cat(preds, np.int64), cat(targets, np.int64), cat(valid, bool), counts,
-                      int(counts.max()) if len(counts) else 0)
+    paths = layout.seq_positions
+    n = forest.num_sequences
+    lens = forest.sequence_lengths() if n else np.zeros(0, np.int64)
+    start = np.asarray(forest.score_start, np.int64)
+    counts = np.maximum(lens - start, 0)
+    run_seq, before, length, dst = paths.seq, paths.before, paths.length, paths.dst
+    first_run = paths.offsets[:-1][run_seq]
+    # The last packed position before each run in its sequence (-1: none), skipping empty runs.
+    idx = np.arange(len(run_seq), dtype=np.int64)
+    last_nonempty = np.maximum.accumulate(np.where(length > 0, idx, -1)) if len(idx) else idx
+    prev = np.concatenate([[-1], last_nonempty[:-1]]) if len(idx) else idx
+    ok = prev >= first_run
+    prev_pos = np.where(ok, dst[np.maximum(prev, 0)] + length[np.maximum(prev, 0)] - 1, -1)
+    ss = start[run_seq]
+    lo = np.maximum(before, ss)
+    hi = before + length
+    keep = hi > lo
+    lo, hi, r = lo[keep], hi[keep], idx[keep]
+    target = dst[r] + (lo - before[r])
+    pred = np.where(lo == before[r], prev_pos[r], target - 1)
+    return ScoreIndex(run_seq[r], lo - ss[r], target, pred, hi - lo, counts, int(counts.max()) if n else 0)
+
+
+def expand_scores(score: ScoreIndex, device, labels=None) -> dict:
+    """Per scored token, on ``device``: ``pred``, ``target``, ``seq``, ``col`` (int64) and ``valid`` (bool: has a
+    predecessor and, when ``labels`` (the packed labels, flat) are given, is not labelled -100)."""
+    import torch
+
+    from ..packing.tensors import host_tensor, to_device
+
+    runs = len(score.seq)
+    meta = to_device(host_tensor(np.concatenate([score.seq, score.col, score.target, score.pred, score.count])
+                                 .astype(np.int64)), device)
+    seq, col, target, pred, count = (meta[i * runs:(i + 1) * runs] for i in range(5))
+    total = score.num_scored
+    run = torch.repeat_interleave(torch.arange(runs, device=device), count, output_size=total)
+    first = torch.cumsum(count, 0) - count
+    k = torch.arange(total, device=device) - first[run]
+    tgt = target[run] + k
+    prd = torch.where(k == 0, pred[run], tgt - 1)
+    valid = prd >= 0
+    prd = torch.where(valid, prd, tgt)
+    if labels is not None:
+        valid = valid & (labels.reshape(-1).index_select(0, tgt) != -100)
+    return {"pred": prd, "target": tgt, "seq": seq[run], "col": col[run] + k, "valid": valid}

@@ -55,8 +55,8 @@ def _flat(values: torch.Tensor, info: SharedPrefixInfo, name: str = "values") ->
     if values.dim() == 0:
         raise ValueError(f"{name} must be [{rows}, {row_len}, ...] (the packed batch) or [{rows * row_len}, ...], "
                          "got a 0-d tensor")
-    if values.device != info.pred.device:
-        raise ValueError(f"{name} are on {values.device} but the packed batch (info) is on {info.pred.device}")
+    if values.device != info.device:
+        raise ValueError(f"{name} are on {values.device} but the packed batch (info) is on {info.device}")
     if values.dim() >= 2 and tuple(values.shape[:2]) == (rows, row_len):
         return values.reshape(rows * row_len, *values.shape[2:])
     if values.shape[0] == rows * row_len:
@@ -220,6 +220,49 @@ def grpo_token_mean_loss(logprobs: CompletionLogprobs, advantages: torch.Tensor,
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
     mask = logprobs.mask
     return per_token.masked_fill(~mask, 0).sum() / mask.sum().clamp(min=1)
+
+
+def ppo_token_mean_loss(logprobs: CompletionLogprobs, advantages, old_logprobs, *, values=None, returns=None,
+                        old_values=None, clip_eps: float = 0.2, value_clip_eps=None,
+                        value_coef: float = 0.5) -> torch.Tensor:
+    """PPO's per-token loss, averaged over the scored tokens (``logprobs.mask``: with ``labels``, exactly the labelled
+    tokens): the clipped policy surrogate of :func:`grpo_token_mean_loss` with ``old_logprobs`` ``[N, W]``, plus, with
+    a value head, ``value_coef * 0.5 * (values - returns)**2`` (the larger of that and the clipped one around
+    ``old_values`` when ``value_clip_eps`` is given, as verl's ``compute_value_loss``). ``values``: ``[N, W]`` from
+    :func:`completion_values` on the value head's ``[R, S]`` output (``shift=True``: the value of the state before
+    each token); ``returns`` / ``old_values``: ``[N, W]``."""
+    policy = grpo_token_mean_loss(logprobs, advantages, old_logprobs, clip_eps=clip_eps)
+    given = [name for name, v in (("values", values), ("returns", returns)) if v is not None]
+    if len(given) == 1:
+        other = "returns" if given[0] == "values" else "values"
+        raise ValueError(f"ppo_token_mean_loss got {given[0]} without {other}: the value loss needs both")
+    if values is None:
+        if old_values is not None or value_clip_eps is not None:
+            raise ValueError("old_values / value_clip_eps need values and returns")
+        return policy
+    value_coef = check_real(value_coef, "value_coef", low=0.0)
+    n, width = logprobs.padded.shape
+    if not isinstance(values, torch.Tensor) or not (values.is_floating_point()):
+        raise TypeError("values must be a floating tensor [N, W] (completion_values of the value head's output)")
+    check_shape(values, "values", [[n, width]])
+    ret = as_values(returns, "returns", values)
+    check_shape(ret, "returns", [[n, width]])
+    mask = logprobs.mask
+    _check_finite(ret, "returns", mask)
+    loss = (values - ret) ** 2
+    if value_clip_eps is not None:
+        eps = check_real(value_clip_eps, "value_clip_eps", low=0.0)
+        if old_values is None:
+            raise ValueError("value_clip_eps needs old_values (the critic's values at rollout time)")
+        old = as_values(old_values, "old_values", values)
+        check_shape(old, "old_values", [[n, width]])
+        _check_finite(old, "old_values", mask)
+        clipped = old + (values - old).clamp(-eps, eps)
+        loss = torch.maximum(loss, (clipped - ret) ** 2)
+    elif old_values is not None:
+        raise ValueError("old_values is only read with value_clip_eps")
+    value = 0.5 * loss.masked_fill(~mask, 0).sum() / mask.sum().clamp(min=1)
+    return policy + value_coef * value
 
 
 def _check_fill(fill, dtype: torch.dtype) -> None:

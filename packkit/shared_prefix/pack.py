@@ -16,7 +16,7 @@ from ..packing.sequences import BACKENDS, _backend_for
 from ..packing.tensors import host_tensor, to_device
 from .attention_meta import ATTENTION_PATHS, SharedPrefixAttention
 from .checks import check_allocation, check_choice, check_device, check_forest, check_pad_id, check_plan_args
-from .layout import ScoreIndex, TreeLayout, score_index, tree_layout
+from .layout import ScoreIndex, TreeLayout, expand_scores, score_index, tree_layout
 from .planning import TreePlan, plan_trees
 from .radix import build_tree
 from .tree import PrefixForest, groups_forest
@@ -33,9 +33,10 @@ class SharedPrefixInfo(NamedTuple):
         layout: the packed node layout (host arrays); ``layout.seq_positions[s]`` are the flat packed
             positions of sequence ``s``'s tokens (prefix included).
         score: the scored tokens (host), sequence-major.
-        pred, target, seq, col: device int64 tensors over scored tokens: predicting position, token position,
-            sequence and column in the padded ``[N, R]`` form; ``valid``: bool (False: a first token with
-            nothing before it).
+        index: the scored tokens on the device (:class:`ScoredTokens`, expanded from ``score``'s runs the first
+            time they are read): ``info.pred``, ``info.target``, ``info.seq``, ``info.col`` are int64 tensors over
+            scored tokens (predicting position, token position, sequence and column in the padded ``[N, R]`` form),
+            ``info.valid`` bool (False: a first token with nothing before it, or a token labelled -100).
         plan: the :class:`TreePlan` (rows, split and truncation report).
         labels: packed per-token labels ``[rows, row_len]`` when labels were given (``-100`` on prompts and
             padding), else None.
@@ -55,11 +56,7 @@ class SharedPrefixInfo(NamedTuple):
     forest: PrefixForest
     layout: TreeLayout
     score: ScoreIndex
-    pred: torch.Tensor
-    target: torch.Tensor
-    seq: torch.Tensor
-    col: torch.Tensor
-    valid: torch.Tensor
+    index: "ScoredTokens"
     plan: TreePlan
     labels: Optional[torch.Tensor]
     tokens_forwarded: int
@@ -73,6 +70,26 @@ class SharedPrefixInfo(NamedTuple):
     @property
     def num_sequences(self) -> int:
         return self.forest.num_sequences
+
+    pred = property(lambda self: self.index.get("pred"))
+    target = property(lambda self: self.index.get("target"))
+    seq = property(lambda self: self.index.get("seq"))
+    col = property(lambda self: self.index.get("col"))
+    valid = property(lambda self: self.index.get("valid"))
+    device = property(lambda self: self.index.device)
+
+
+class ScoredTokens:
+    """The per-token score index on the device, expanded from the host runs (:class:`ScoreIndex`) on first use and
+    kept: a batch that is packed but never scored (or scored later) holds O(runs) host memory, not O(tokens)."""
+
+    def __init__(self, score: ScoreIndex, device, labels: Optional[torch.Tensor]):
+        self.score, self.device, self.labels, self._cache = score, device, labels, None
+
+    def get(self, name: str) -> torch.Tensor:
+        if self._cache is None:
+            self._cache = expand_scores(self.score, self.device, self.labels)
+        return self._cache[name]
 
 
 def _tree_pack_op(backend: str):
@@ -115,19 +132,13 @@ def pack_forest(tree_plan: TreePlan, *, device=None, backend: str = "auto", atte
     ids, packed_labels, position_ids, node_idx, subtree_end, cu_seqlens = _tree_pack_op(backend)(
         tokens, labels, src, dst, length, pos, end, row_offsets, layout.num_rows, layout.row_len, pad_id, -100)
     score = score_index(forest, layout)
-    seq = np.repeat(np.arange(forest.num_sequences, dtype=np.int64), score.counts)
-    first = np.concatenate([[0], np.cumsum(score.counts)[:-1]]) if len(score.counts) else np.zeros(0, np.int64)
-    col = np.arange(len(seq), dtype=np.int64) - np.repeat(first, score.counts)
-    index = to_device(host_tensor(np.concatenate([score.pred, score.target, seq, col, score.valid.astype(np.int64)])),
-                      device)
-    k = len(seq)
     attn = SharedPrefixAttention(layout, subtree_end, cu_seqlens, node_idx, attention, position_ids=position_ids)
     batch = {"input_ids": ids, "position_ids": position_ids, "shared_prefix": attn}
     unshared = int(forest.sequence_lengths().sum())
     # Device tokens were not read: a negative id sets a status bit, computed on the device (no sync).
     status = None if max_token_id is not None else (ids < 0).any().to(torch.int32) * NEGATIVE_TOKEN
-    info = SharedPrefixInfo(forest, layout, score, index[:k], index[k:2 * k], index[2 * k:3 * k], index[3 * k:4 * k],
-                            index[4 * k:] != 0, tree_plan, packed_labels if labels is not None else None,
+    index = ScoredTokens(score, ids.device, packed_labels if labels is not None else None)
+    info = SharedPrefixInfo(forest, layout, score, index, tree_plan, packed_labels if labels is not None else None,
                             int(layout.length.sum()), unshared, ids, max_token_id, status, attn)
     return batch, info
 
@@ -247,7 +258,8 @@ def _check_pack_args(capacity, algorithm, dp_size, cost, overlong, device, backe
     check_pad_id(pad_id, torch.int64)
 
 
-def pack_tree(sequences, group_ids=None, *, score_from=None, capacity: Optional[int] = None, device=None,
+def pack_tree(sequences, group_ids=None, *, score_from=None, labels=None, lengths=None, capacity: Optional[int] = None,
+              device=None,
               backend: str = "auto", attention: str = "auto", overlong: str = "error", algorithm: str = "obfd",
               dp_size: int = 1, cost="tokens", pad_id: int = 0, mrope=None) -> tuple[dict, SharedPrefixInfo]:
     """Any sequences (multi-turn conversations, agent trajectories) -> their prefix forest
@@ -257,23 +269,34 @@ def pack_tree(sequences, group_ids=None, *, score_from=None, capacity: Optional[
 
     With ``mrope`` (a Qwen-VL config, as :func:`pack_groups`) a sequence may be a dict with its vision inputs (the
     keys of a :func:`pack_groups` prompt): prefixes are shared only where the tokens *and* the pictures are equal,
-    each shared image is encoded once per packed copy of its node, and positions are the model's mRoPE rows."""
+    each shared image is encoded once per packed copy of its node, and positions are the model's mRoPE rows.
+
+    ``labels`` (one list per sequence, HF's: ``-100`` = not scored, else the token) score exactly the labelled tokens:
+    an agent trajectory's assistant turns, not the tool output between them (:func:`build_tree`; sequences that share
+    a node must agree on its labels). ``lengths``: the sequence lengths when ``sequences`` (and ``labels``) are one
+    flat array / CPU tensor."""
     _check_pack_args(capacity, algorithm, dp_size, cost, overlong, device, backend, attention, pad_id)
     vision = None
     if isinstance(sequences, PrefixForest):
         if mrope is not None:
             raise ValueError("pack_tree got a PrefixForest and mrope=: a forest holds no images; pass the sequences "
                              "(dicts with their vision inputs) instead")
-        given = [name for name, v in (("group_ids", group_ids), ("score_from", score_from)) if v is not None]
+        given = [name for name, v in (("group_ids", group_ids), ("score_from", score_from), ("labels", labels),
+                                      ("lengths", lengths)) if v is not None]
         if given:
             raise ValueError(f"pack_tree got a PrefixForest and {' and '.join(given)}: a forest already fixes its "
                              "groups and scored tokens; pass them to build_tree(sequences, group_ids, "
                              "score_from=...) instead")
         forest = sequences
     else:
-        sequences, vision = split_prompts(sequences, mrope, "sequences")
+        if lengths is None:  # a flat array with lengths holds no dicts
+            sequences, vision = split_prompts(sequences, mrope, "sequences")
+        elif mrope is not None:
+            raise ValueError("pack_tree: lengths= (flat tokens) cannot carry images; pass dict sequences with mrope=")
+        if vision is not None and labels is not None:
+            raise ValueError("pack_tree: labels= with mrope= is not supported yet; use score_from")
         if vision is None:
-            forest = build_tree(sequences, group_ids, score_from=score_from)
+            forest = build_tree(sequences, group_ids, score_from=score_from, labels=labels, lengths=lengths)
         else:
             from .vision_tree import tree_forest
 

@@ -49,31 +49,22 @@ class PrefixForest(NamedTuple):
     def num_sequences(self) -> int:
         return len(self.seq_node)
 
+    def _metrics(self) -> tuple:
+        """(depth, position, subtree_end) of every node, in one C++ pass (``packkit._planner.forest_metrics``)."""
+        from .. import _planner
+
+        return _planner.forest_metrics(self.parent, self.length)
+
     def depth(self) -> np.ndarray:
-        depth = np.zeros(self.num_nodes, np.int64)
-        for i in range(self.num_nodes):  # preorder: the parent is already done
-            p = self.parent[i]
-            depth[i] = 0 if p < 0 else depth[p] + 1
-        return depth
+        return self._metrics()[0]
 
     def position(self) -> np.ndarray:
         """Position id of each node's first token: the tokens of its ancestors."""
-        pos = np.zeros(self.num_nodes, np.int64)
-        for i in range(self.num_nodes):
-            p = self.parent[i]
-            if p >= 0:
-                pos[i] = pos[p] + self.length[p]
-        return pos
+        return self._metrics()[1]
 
     def subtree_end(self) -> np.ndarray:
         """One past the last node of each node's subtree (preorder)."""
-        m = self.num_nodes
-        end = np.arange(1, m + 1, dtype=np.int64)
-        for i in range(m - 1, -1, -1):  # children come after parents: fold ends upwards
-            p = self.parent[i]
-            if p >= 0:
-                end[p] = max(end[p], end[i])
-        return end
+        return self._metrics()[2]
 
     def roots(self) -> np.ndarray:
         return np.flatnonzero(self.parent < 0)
@@ -130,6 +121,63 @@ def _refuse_negative(tokens: torch.Tensor, pieces: list, name_of) -> None:
             raise ValueError(f"{name_of(k)}[{i}] is {int(piece[i])}: token ids index the embedding and must be >= 0")
 
 
+def host_sequences(sequences, lengths=None, name: str = "sequences", *, token_ids: bool = True) -> tuple:
+    """``(flat int64 numpy, int64 lengths)`` of host token sequences, converted once: lists / tuples of ints in one C
+    pass (``packkit._planner.flatten_token_lists``: a bool or a float refused, naming ``name[i][k]``), numpy arrays or
+    CPU tensors per item, or a flat 1-D array / tensor with ``lengths`` (zero-copy when it is int64). With
+    ``token_ids`` a negative value is refused, naming it (labels may be negative). A GPU tensor is refused: the
+    tree is built on the host."""
+    if lengths is not None:
+        if isinstance(sequences, torch.Tensor):
+            if sequences.device.type != "cpu":
+                raise ValueError(f"{name} is on {sequences.device}: the tree is built on the host (reading a GPU "
+                                 "tensor back would sync); pass host tokens")
+            sequences = sequences.numpy()
+        flat = np.asarray(sequences)
+        if flat.ndim != 1:
+            raise ValueError(f"{name}: with lengths=, pass all tokens as one flat 1-D array, got shape {flat.shape}")
+        if flat.size and flat.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integer token ids, got dtype {flat.dtype}")
+        flat = np.ascontiguousarray(flat, np.int64)
+        lens = np.asarray(lengths)
+        if lens.ndim != 1 or (lens.size and lens.dtype.kind not in "iu"):
+            raise ValueError(f"lengths must be a 1-D array of ints (one per sequence), got {lens.dtype} {lens.shape}")
+        lens = lens.astype(np.int64)
+        if len(lens) and int(lens.min()) < 0:
+            i = int(np.argmin(lens))
+            raise ValueError(f"lengths[{i}] is {int(lens[i])}: lengths must be >= 0")
+        if int(lens.sum()) != len(flat):
+            raise ValueError(f"lengths sum to {int(lens.sum())} but {name} has {len(flat)} tokens")
+        if token_ids and len(flat) and int(flat.min()) < 0:
+            at = int(np.flatnonzero(flat < 0)[0])
+            i = int(np.searchsorted(np.cumsum(lens), at, side="right"))
+            raise ValueError(f"{name}[{at}] (sequence {i}) is {int(flat[at])}: token ids index the embedding and "
+                             "must be >= 0")
+        return flat, lens
+    if isinstance(sequences, (str, bytes, torch.Tensor)) or not isinstance(sequences, Sequence):
+        raise TypeError(f"{name} must be a list of token sequences, got {type(sequences).__name__}")
+    from .. import _planner
+
+    fast = _planner.flatten_token_lists(sequences, name, token_ids)
+    if fast is not None:
+        return fast
+    pieces = []
+    for i, item in enumerate(sequences):
+        t = _sequence(item, f"{name}[{i}]")
+        if t.device.type != "cpu":
+            raise ValueError(f"{name}[{i}] is on {t.device}: the tree is built on the host (pass lists, numpy or "
+                             "CPU tensors; reading a GPU tensor back would sync)")
+        pieces.append(t.numpy())
+    flat = np.concatenate(pieces).astype(np.int64, copy=False) if pieces else np.zeros(0, np.int64)
+    lens = np.array([len(t) for t in pieces], np.int64)
+    if token_ids and len(flat) and int(flat.min()) < 0:
+        at = int(np.flatnonzero(flat < 0)[0])
+        i = int(np.searchsorted(np.cumsum(lens), at, side="right"))
+        k = at - int(np.cumsum(lens)[i] - lens[i])
+        raise ValueError(f"{name}[{i}][{k}] is {int(flat[at])}: token ids index the embedding and must be >= 0")
+    return flat, lens
+
+
 def groups_forest(prompts, completions, labels=None) -> PrefixForest:
     """One tree per group: the prompt (root) and each completion as its child, in the order given.
 
@@ -149,6 +197,10 @@ def groups_forest(prompts, completions, labels=None) -> PrefixForest:
                             f"{type(labels).__name__}")
         if len(labels) != len(completions):
             raise ValueError(f"labels has {len(labels)} groups but completions has {len(completions)}")
+    if labels is None:
+        fast = _groups_forest_from_lists(prompts, completions)
+        if fast is not None:
+            return fast
     pieces, label_pieces, parent, length, score_start, seq_node, seq_group, names = [], [], [], [], [], [], [], []
     for g, (prompt, group) in enumerate(zip(prompts, completions)):
         p = _sequence(prompt, f"prompts[{g}]")
@@ -200,6 +252,48 @@ def groups_forest(prompts, completions, labels=None) -> PrefixForest:
                         np.array(score_start, np.int64), np.array(seq_group, np.int64),
                         torch.cat(label_pieces) if labels is not None and label_pieces else
                         (torch.zeros(0, dtype=torch.int64) if labels is not None else None))
+
+
+def _groups_forest_from_lists(prompts, completions):
+    """:func:`groups_forest` when every prompt and completion is a host list / tuple of ints: each list converted
+    once, in C (``flatten_token_lists``), the node arrays built per group; None when something else is given (the
+    general path handles arrays, tensors and every error of shape)."""
+    from .. import _planner
+
+    if not isinstance(prompts, (list, tuple)) or not isinstance(completions, (list, tuple)):
+        return None
+    if any(not isinstance(group, (list, tuple)) or len(group) == 0 for group in completions):
+        return None
+    converted = _planner.flatten_token_lists(prompts, "prompts", True)
+    if converted is None:
+        return None
+    p_flat, p_lens = converted
+    groups = []
+    for g, group in enumerate(completions):
+        c = _planner.flatten_token_lists(group, f"completions[{g}]", True)
+        if c is None:
+            return None
+        groups.append(c)
+    sizes = np.array([len(c_lens) for _, c_lens in groups], np.int64)
+    p_off = np.concatenate([[0], np.cumsum(p_lens)])
+    pieces, length = [], []
+    for g, (c_flat, c_lens) in enumerate(groups):
+        pieces.append(p_flat[p_off[g]:p_off[g + 1]])
+        pieces.append(c_flat)
+        length.append(p_lens[g:g + 1])
+        length.append(c_lens)
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    length = np.concatenate(length) if length else np.zeros(0, np.int64)
+    num_groups = len(groups)
+    root = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]]).astype(np.int64) if num_groups else np.zeros(0, np.int64)
+    parent = np.repeat(root, sizes + 1)
+    parent[root] = -1
+    is_child = parent >= 0
+    seq_node = np.flatnonzero(is_child).astype(np.int64)
+    seq_group = np.repeat(np.arange(num_groups, dtype=np.int64), sizes)
+    src = (np.cumsum(length) - length).astype(np.int64)
+    return PrefixForest(parent.astype(np.int64), length.astype(np.int64), src, torch.from_numpy(tokens), seq_node,
+                        p_lens[seq_group].astype(np.int64), seq_group)
 
 
 def _score_from(score_from, lens: np.ndarray) -> np.ndarray:
