@@ -99,6 +99,13 @@ def violations(regs: int, num_warps: int, shared: int, cc: int) -> list:
     return bad
 
 
+def i32_loops(ttir: str) -> list:
+    """``range`` loops with an i32 counter: ``i0 + BLOCK`` wraps for bounds within BLOCK of 2^31 and the loop never
+    ends (issue 48); bounds that may reach 2^31 go through ``_i64``, so every ``scf.for`` here must count in i64."""
+    return [f"i32 loop counter: {line.strip()[:160]}" for line in ttir.splitlines()
+            if re.search(r"\bscf\.for\b.*:\s*i32\s*\{\s*$", line)]
+
+
 def parse_resource_usage(text: str) -> dict:
     """``cuobjdump --dump-resource-usage`` output -> {function: {REG, STACK, SHARED, LOCAL}}."""
     out, name = {}, None
@@ -219,39 +226,32 @@ def _drive(skip=()):
     return list(_Recorder.launches), config, tiles
 
 
-def _jit_functions():
-    """Every @triton.jit function defined in triton_kernels/*.py: {name: (module, source AST node)}, and the names
-    passed to wrap_triton (the launched kernels)."""
-    defs, launched = {}, set()
-    for path in sorted(KERNEL_DIR.glob("*.py")):
+def jit_coverage(kernel_dir: Path = KERNEL_DIR):
+    """Every @triton.jit function defined in ``kernel_dir``/*.py must be launched (passed to ``wrap_triton``) or be a
+    helper another jit function names (calls, or passes as a combiner). Returns (launched, helpers, errors); reads
+    the sources only."""
+    defs, launched, errors = {}, set(), []
+    for path in sorted(Path(kernel_dir).glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and any(
-                    "jit" in ast.unparse(d) for d in node.decorator_list):
-                defs[node.name] = (path.stem, node)
+            if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+                defs[node.name] = node
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "wrap_triton" and node.args:
                 launched.add(ast.unparse(node.args[0]))
-    return defs, launched
+    for name in sorted(launched - set(defs)):
+        errors.append(f"wrap_triton({name}) launches something that is not a @triton.jit function here")
+    named = {n.id for name, node in defs.items() for n in ast.walk(node)
+             if isinstance(n, ast.Name) and n.id in defs and n.id != name}
+    helpers = set(defs) - launched
+    for name in sorted(helpers - named):
+        errors.append(f"@triton.jit {name} is neither launched nor called by a kernel: not covered")
+    return launched, helpers & named, errors
 
 
 def check_coverage(launches, config, tiles):
     """The enumeration must equal the declared domains and reach every kernel; returns the specs to compile:
     [(module, kernel name, signature, constexprs, attrs, num_warps, key)] plus the wide variants."""
-    errors = []
-    defs, launched = _jit_functions()
-    helpers = set()
-    for name in launched:
-        if name not in defs:
-            errors.append(f"wrap_triton({name}) launches something that is not a @triton.jit function here")
-    # helpers: called (or passed, e.g. an associative_scan combiner) by name inside another jit function
-    called = {n.id for name, (_, node) in defs.items() for n in ast.walk(node)
-              if isinstance(n, ast.Name) and n.id in defs and n.id != name}
-    for name in defs:
-        if name not in launched:
-            if name in called:
-                helpers.add(name)
-            else:
-                errors.append(f"@triton.jit {name} is neither launched nor called by a kernel: not covered")
+    launched, helpers, errors = jit_coverage()
     want = domains(config, tiles)
     for name in sorted(launched - set(want)):
         errors.append(f"kernel {name} has no declared domain in tools/triton_aot.py")
@@ -285,7 +285,7 @@ def check_coverage(launches, config, tiles):
     for name in sorted({s[0].__name__ for s in specs}):  # wide: every int argument i64 (sizes >= 2^31)
         fn, sig, cx, attrs, num_warps, key = next(s for s in specs if s[0].__name__ == name)
         wide = {p: ("i64" if t == "i32" else t) for p, t in sig.items()}
-        specs.append((fn, wide, cx, attrs, num_warps, key + (("ints", "i64"),)))
+        specs.append((fn, wide, cx, attrs, num_warps, key + ((("ints", "i64"),),)))
     return specs, helpers
 
 
@@ -328,7 +328,7 @@ def _compile(i):
         r = res.get(fn.__name__) or next(iter(res.values()))
         row.update(regs=r["REG"], shared=int(k.metadata.shared) + r.get("SHARED", 0), spills=r.get("LOCAL", 0),
                    stack=r.get("STACK", 0), num_warps=int(k.metadata.num_warps))
-        row["violations"] = violations(row["regs"], row["num_warps"], row["shared"], cc)
+        row["violations"] = violations(row["regs"], row["num_warps"], row["shared"], cc) + i32_loops(k.asm["ttir"])
     except Exception as exc:  # a compile error is a finding, reported with the others
         row["error"] = f"{type(exc).__name__}: {str(exc)[-2000:]}"
     row["seconds"] = round(time.time() - t0, 2)
