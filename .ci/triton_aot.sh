@@ -5,6 +5,9 @@
 # (before compiling) when the launch enumeration misses a kernel or a combination its launchers can produce.
 # CI's budget: the covering subset (every constexpr value and data dtype of every kernel at least once), one arch
 # list per triton version, the two in parallel. tools/triton_aot.py --select all compiles every combination.
+# Cost (2026-11-27, the shared 2-core machine at load average ~20, 8 sessions on it): 892 s wall, of which the
+# triton-3.6 venv 160 s (26 s on a quieter machine), but 96 s user + 7 s system CPU in all (168 compiles, ~0.5 CPU-s
+# each): ~1.5 min on an idle 2-core CI machine.
 # The triton-3.6 venv has only triton; torch and packkit come from the main venv (same Python, its site folder
 # added after triton 3.6's own, so that triton 3.6 is the one imported).
 set -euo pipefail
