@@ -1,5 +1,5 @@
-"""tools/triton_aot.py (issue 48): its limits, cubin parsing and loop-counter check (pure functions, no triton in this
-process), the source scan that every @triton.jit function is covered (a planted uncovered one fails), and the
+"""tools/triton_aot.py (issue 48): its rules (tools/triton_aot_rules.py, pure: no triton in this process): limits,
+cubin parsing and the loop-counter check, the source scan that every @triton.jit function is covered (a planted uncovered one fails), and the
 launch enumeration in a child process: complete as is, and failing when a launcher combination is left out. The
 compiles themselves run in CI's triton-AOT stage (.ci/run), a few minutes being too long for the suite."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("triton_aot", ROOT / "tools" / "triton_aot.py")
+_spec = importlib.util.spec_from_file_location("triton_aot_rules", ROOT / "tools" / "triton_aot_rules.py")
 aot = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(aot)
 
