@@ -7,6 +7,8 @@ import contextlib
 import struct
 import torch
 
+from torch._subclasses.fake_tensor import is_fake
+
 # The guarded triton import of the whole package: the op modules take triton/tl from here.
 try:
     import triton
@@ -22,6 +24,33 @@ except ImportError as exc:  # pragma: no cover - exercised only without triton
 _CONFIG = {"block": 2048, "layout_block": 1024, "max_block_f": 1024, "num_warps": 4}
 
 _INT32_MAX = 2**31 - 1
+# Grid limits a device enforces (cudaLaunchKernel refuses more): grid.x, and grid.y / grid.z.
+_GRID_X_MAX = 2**31 - 1
+_GRID_YZ_MAX = 65535
+
+
+def _device_guard(t: torch.Tensor):
+    """The context a launch over ``t`` runs in: ``t``'s CUDA device made current (Triton launches on the
+    current device and its stream, not the tensors'; cheap, no sync). Nothing for CPU tensors (the
+    interpreter) and for fake tensors (tracing: no launch happens, the compiled graph guards itself)."""
+    if t.device.type != "cuda" or is_fake(t):
+        return contextlib.nullcontext()
+    return torch.cuda.device(t.device)
+
+
+def _grid_1d(op: str, work: int, block: int) -> tuple:
+    """The 1-D grid covering ``work`` items, ``block`` per program; a ValueError past grid.x's limit."""
+    programs = -(-int(work) // int(block))
+    if programs > _GRID_X_MAX:
+        raise ValueError(f"packkit::triton_{op}: {work} items need {programs} programs of {block}, more than the "
+                         f"{_GRID_X_MAX} a grid may have")
+    return (programs,)
+
+
+@triton.jit
+def _i64(x):
+    """x as an int64 scalar: loop bounds and indices that may reach 2^31 (an i32 loop counter wraps)."""
+    return tl.full([], 0, tl.int64) + x
 
 
 @triton.jit

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .common import _INT32_MAX, tl, triton  # the one guarded triton import (common.py), for every op family
+from .common import _INT32_MAX, _device_guard, _grid_1d, tl, triton  # the one guarded triton import (common.py), for every op family
 
 from torch.library import triton_op, wrap_triton
 
@@ -68,7 +68,7 @@ def _cp_shard_kernel(ids_ptr, labels_ptr, pos_ptr, cu_ptr, cup_ptr, seg_src_ptr,
         c0 = tl.load(cu_ptr + s, mask=ok, other=0).to(tl.int64)
         c1 = tl.load(cu_ptr + s + 1, mask=ok, other=0).to(tl.int64)
         seg_len = c1 - c0
-        real = ok & (idx >= 0) & (idx < seg_len) & (c0 + idx < num_tokens)
+        real = ok & (idx >= 0) & (idx < seg_len) & (c0 + idx >= 0) & (c0 + idx < num_tokens)
         src = tl.where(real, c0 + idx, -1)
         pad_pos = idx - seg_len
         seg = tl.where(ok, s, num_segments)
@@ -95,7 +95,8 @@ def _cp_shard_kernel(ids_ptr, labels_ptr, pos_ptr, cu_ptr, cup_ptr, seg_src_ptr,
         seg_ok = real & (seg < num_segments)
         start = tl.load(seg_src_ptr + tl.where(seg_ok, seg, 0), mask=seg_ok, other=-1)
         q = start + off
-        tok = seg_ok & (start >= 0) & (q < num_src)
+        # off < 0 when cu[s] > g (cu_seqlens not starting at 0): q would fall before the source.
+        tok = seg_ok & (start >= 0) & (off >= 0) & (q >= 0) & (q < num_src)
         q_safe = tl.where(tok, q, 0)
         ids = tl.load(ids_ptr + q_safe, mask=tok, other=0)
         ids = tl.where(tok, ids, pad_id.to(ids_dtype))
@@ -185,11 +186,12 @@ def cp_shard(input_ids: torch.Tensor, labels: torch.Tensor, position_ids: Option
             torch.empty(out_len, dtype=torch.int32, device=device))
     if out_len > 0:
         block = _CONFIG["block"]
-        wrap_triton(_cp_shard_kernel)[(triton.cdiv(out_len, block),)](
-            input_ids.contiguous(), labels.contiguous(), (seg_src if fused else position_ids).contiguous(),
-            cu_seqlens.contiguous(), cu_seqlens_padded.contiguous(),
-            (seg_src if fused else position_ids).contiguous(), *outs, cu_seqlens.numel() - 1, input_ids.numel(),
-            cp_size, cp_rank, out_len, pad_id, ignore_index, input_ids.numel(), position_start,
-            0 if first_label is None else first_label, ZIGZAG=bool(zigzag), FUSED=fused,
-            HAS_FIRST=first_label is not None, BLOCK=block, num_warps=_CONFIG["num_warps"])
+        with _device_guard(input_ids):
+            wrap_triton(_cp_shard_kernel)[_grid_1d("cp_shard", out_len, block)](
+                input_ids.contiguous(), labels.contiguous(), (seg_src if fused else position_ids).contiguous(),
+                cu_seqlens.contiguous(), cu_seqlens_padded.contiguous(),
+                (seg_src if fused else position_ids).contiguous(), *outs, cu_seqlens.numel() - 1, input_ids.numel(),
+                cp_size, cp_rank, out_len, pad_id, ignore_index, input_ids.numel(), position_start,
+                0 if first_label is None else first_label, ZIGZAG=bool(zigzag), FUSED=fused,
+                HAS_FIRST=first_label is not None, BLOCK=block, num_warps=_CONFIG["num_warps"])
     return outs

@@ -16,7 +16,7 @@ from .common import tl, triton  # the one guarded triton import (common.py), for
 from torch.library import triton_op, wrap_triton
 
 from .checks import _check_disjoint, _check_layout_args, _check_output
-from .common import _CONFIG, _pow2_at_least
+from .common import _CONFIG, _device_guard, _i64, _pow2_at_least
 
 @triton.jit
 def _max_combine(a, b):
@@ -42,7 +42,7 @@ def _layout_kernel(seg_length_ptr, bin_offsets_ptr, cu_ptr, cu_seg_ptr, num_segm
     carry_base = tl.zeros([], tl.int64)  # tokens before the current row's first segment
     carry_k = tl.zeros([], tl.int64)  # output segments emitted so far
     carry_row = tl.zeros([], tl.int64)  # row of the last item seen
-    for i0 in range(0, num_items, BLOCK):
+    for i0 in range(0, _i64(num_items), BLOCK):  # int64: an i32 counter wraps near 2^31, never ending
         i = i0 + offs
         valid = i < num_items
         if FLAT:
@@ -86,7 +86,7 @@ def _layout_kernel(seg_length_ptr, bin_offsets_ptr, cu_ptr, cu_seg_ptr, num_segm
         carry_row = tl.maximum(carry_row, tl.max(tl.where(valid, row, 0), 0))
     # num_out larger than the plan's segment count (an inconsistent call): empty padding segments,
     # so every output element is defined.
-    for k0 in range(0, num_out, BLOCK):
+    for k0 in range(0, _i64(num_out), BLOCK):
         k = k0 + offs
         rest = (k >= carry_k) & (k < num_out)
         tl.store(cu_ptr + k, tl.zeros([BLOCK], tl.int32) + total, mask=rest)
@@ -98,9 +98,10 @@ def _launch_layout(seg_length, bin_offsets, num_rows, row_len, flat, num_cu_seql
     num_segments = seg_length.numel()
     num_bins = bin_offsets.numel() - 1
     num_items = num_segments + num_rows if num_rows > 0 else 0
-    wrap_triton(_layout_kernel)[(1,)](
-        seg_length, bin_offsets, cu, cu_seg, num_segments, num_bins, num_rows, row_len, num_items,
-        num_cu_seqlens - 1, total, FLAT=bool(flat), BLOCK=_CONFIG["layout_block"], num_warps=_CONFIG["num_warps"])
+    with _device_guard(seg_length):
+        wrap_triton(_layout_kernel)[(1,)](
+            seg_length, bin_offsets, cu, cu_seg, num_segments, num_bins, num_rows, row_len, num_items,
+            num_cu_seqlens - 1, total, FLAT=bool(flat), BLOCK=_CONFIG["layout_block"], num_warps=_CONFIG["num_warps"])
 
 
 def _layout_into(op, seg_length, bin_offsets, num_rows, row_len, flat, cu, cu_seg):

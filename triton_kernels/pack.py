@@ -21,14 +21,14 @@ from torch.library import triton_op, wrap_triton
 
 from .checks import (_check_disjoint, _check_index, _check_output, _check_same_device, _check_segment_args,
                      _checked_total_tokens, _rows_of)
-from .common import _CONFIG, _pattern, _source_rows, _tiles, _value_words, _words
+from .common import _CONFIG, _device_guard, _grid_1d, _i64, _pattern, _source_rows, _tiles, _value_words, _words
 
 @triton.jit(do_not_specialize=["pad0", "pad1", "first0", "first1"])
 def _pack_kernel(src_ptr, out_ptr, src_offsets_ptr, seg_seq_ptr, seg_start_ptr, cu_ptr, cu_seg_ptr, num_positions,
                  F, num_src_tokens, num_sequences, num_segments, num_out, pad0, pad1, first0, first1,
                  HAS_FIRST: tl.constexpr, WORDS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_F: tl.constexpr):
     dtype: tl.constexpr = out_ptr.dtype.element_ty
-    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)  # int64: the last program may pass 2^31
     p_ok = p < num_positions
     k, off, is_seg, src_ok, src_row = _source_rows(src_offsets_ptr, p, p_ok, cu_ptr, cu_seg_ptr, seg_seq_ptr,
                                                    seg_start_ptr, num_out, num_segments, num_sequences,
@@ -36,7 +36,7 @@ def _pack_kernel(src_ptr, out_ptr, src_offsets_ptr, seg_seq_ptr, seg_start_ptr, 
     is_first = is_seg & (off == 0)
     src_base = src_row * F
     out_base = p.to(tl.int64) * F
-    for f0 in range(0, F, BLOCK_F):
+    for f0 in range(0, _i64(F), BLOCK_F):
         f = f0 + tl.arange(0, BLOCK_F)
         f_ok = f < F
         vals = tl.load(src_ptr + src_base[:, None] + f[None, :], mask=src_ok[:, None] & f_ok[None, :], other=0)
@@ -65,11 +65,12 @@ def _pack_into(op, src, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, num
     if total == 0 or features == 0:
         return
     block_p, block_f = _tiles(features)
-    wrap_triton(_pack_kernel)[(triton.cdiv(total, block_p),)](
-        src_words, out_words, src_offsets.contiguous(), seg_seq.contiguous(), seg_start.contiguous(),
-        cu_seqlens.contiguous(), cu_seg.contiguous(), total, features, src.shape[0], src_offsets.numel() - 1,
-        seg_seq.numel(), cu_seg.numel(), pad[0], pad[1], first[0], first[1], HAS_FIRST=first_value is not None,
-        WORDS=words_per_elem, BLOCK_P=block_p, BLOCK_F=block_f, num_warps=_CONFIG["num_warps"])
+    with _device_guard(src):
+        wrap_triton(_pack_kernel)[_grid_1d(op, total, block_p)](
+            src_words, out_words, src_offsets.contiguous(), seg_seq.contiguous(), seg_start.contiguous(),
+            cu_seqlens.contiguous(), cu_seg.contiguous(), total, features, src.shape[0], src_offsets.numel() - 1,
+            seg_seq.numel(), cu_seg.numel(), pad[0], pad[1], first[0], first[1], HAS_FIRST=first_value is not None,
+            WORDS=words_per_elem, BLOCK_P=block_p, BLOCK_F=block_f, num_warps=_CONFIG["num_warps"])
 
 
 def _check_src(op, src):

@@ -12,7 +12,7 @@ from torch.library import triton_op, wrap_triton
 
 from .checks import (_check_device, _check_disjoint, _check_index, _check_layout_args, _check_output,
                      _check_same_device, _rows_of)
-from .common import _CONFIG, _source_rows, _value_words
+from .common import _CONFIG, _device_guard, _grid_1d, _source_rows, _value_words
 from .layout import _launch_layout
 
 @triton.jit(do_not_specialize=["pad_id", "ignore_index", "position_start"])
@@ -20,7 +20,7 @@ def _pack_batch_kernel(ids_ptr, labels_ptr, src_offsets_ptr, seg_seq_ptr, seg_st
                        out_ids_ptr, out_labels_ptr, out_pos_ptr, out_seq_idx_ptr, num_positions, num_src_tokens,
                        num_sequences, num_segments, num_out, pad_id, ignore_index, position_start,
                        MASK_FIRST: tl.constexpr, BLOCK: tl.constexpr):
-    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: the last program may pass 2^31
     p_ok = p < num_positions
     k, off, is_seg, src_ok, src_row = _source_rows(src_offsets_ptr, p, p_ok, cu_ptr, cu_seg_ptr, seg_seq_ptr,
                                                    seg_start_ptr, num_out, num_segments, num_sequences,
@@ -79,11 +79,12 @@ def _pack_batch_into(op, input_ids, labels, src_offsets, seg_seq, seg_start, seg
         block = _CONFIG["block"]
         input_ids = input_ids.contiguous()
         label_src = input_ids if labels is None else labels.contiguous()
-        wrap_triton(_pack_batch_kernel)[(triton.cdiv(total, block),)](
-            input_ids, label_src, src_offsets.contiguous(), seg_seq.contiguous(), seg_start.contiguous(), cu, cu_seg,
-            out_ids, out_labels, position_ids, seq_idx, total, input_ids.shape[0], src_offsets.numel() - 1,
-            seg_seq.numel(), num_cu_seqlens - 1, pad, ignore, position_start, MASK_FIRST=bool(mask_first_label),
-            BLOCK=block, num_warps=_CONFIG["num_warps"])
+        with _device_guard(input_ids):
+            wrap_triton(_pack_batch_kernel)[_grid_1d(op, total, block)](
+                input_ids, label_src, src_offsets.contiguous(), seg_seq.contiguous(), seg_start.contiguous(), cu,
+                cu_seg, out_ids, out_labels, position_ids, seq_idx, total, input_ids.shape[0], src_offsets.numel() - 1,
+                seg_seq.numel(), num_cu_seqlens - 1, pad, ignore, position_start, MASK_FIRST=bool(mask_first_label),
+                BLOCK=block, num_warps=_CONFIG["num_warps"])
 
 
 @triton_op("packkit::triton_pack_batch", mutates_args=())

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch.library import triton_op, wrap_triton
 
-from .common import _INT32_MAX, tl, triton
+from .common import _INT32_MAX, _device_guard, _grid_1d, tl, triton
 
 __all__ = ["tree_pack"]
 
@@ -149,8 +149,9 @@ def tree_pack(input_ids: torch.Tensor, labels: Optional[torch.Tensor], node_src:
             torch.empty(m + num_rows + 1, dtype=torch.int32, device=device))
     work = num_rows * row_len + m + num_rows + 1
     block = _CONFIG["block"]
-    wrap_triton(_tree_pack_kernel)[(triton.cdiv(work, block),)](
-        input_ids.contiguous(), label_src.contiguous(), *(t.contiguous() for t in nodes), row_offsets.contiguous(),
-        *outs, input_ids.numel(), m, num_rows, row_len, pad_id, ignore_index, _pow2_at_least(m),
-        _pow2_at_least(num_rows), BLOCK=block, num_warps=_CONFIG["num_warps"])
+    with _device_guard(input_ids):
+        wrap_triton(_tree_pack_kernel)[_grid_1d("tree_pack", work, block)](
+            input_ids.contiguous(), label_src.contiguous(), *(t.contiguous() for t in nodes), row_offsets.contiguous(),
+            *outs, input_ids.numel(), m, num_rows, row_len, pad_id, ignore_index, _pow2_at_least(m),
+            _pow2_at_least(num_rows), BLOCK=block, num_warps=_CONFIG["num_warps"])
     return outs

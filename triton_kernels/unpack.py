@@ -13,7 +13,7 @@ from torch.library import triton_op, wrap_triton
 
 from .checks import (_check_disjoint, _check_index, _check_output, _check_same_device, _check_segment_args,
                      _packed_tokens)
-from .common import _CONFIG, _locate, _pattern, _tiles, _value_words, _words
+from .common import _CONFIG, _device_guard, _grid_1d, _i64, _locate, _pattern, _tiles, _value_words, _words
 
 @triton.jit(do_not_specialize=["pad0", "pad1"])
 def _fill_kernel(out_ptr, n, pad0, pad1, WORDS: tl.constexpr, BLOCK: tl.constexpr):
@@ -26,7 +26,7 @@ def _fill_kernel(out_ptr, n, pad0, pad1, WORDS: tl.constexpr, BLOCK: tl.constexp
 def _unpack_kernel(packed_ptr, out_ptr, src_offsets_ptr, seg_seq_ptr, seg_start_ptr, cu_ptr, cu_seg_ptr,
                    num_positions, F, num_segments, num_out, num_sequences, num_dest_tokens, max_len,
                    PADDED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_F: tl.constexpr):
-    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)  # int64: the last program may pass 2^31
     p_ok = p < num_positions
     k, is_seg, seq_ok, seq, seg_start, off = _locate(cu_ptr, cu_seg_ptr, seg_seq_ptr, seg_start_ptr, p, p_ok,
                                                      num_out, num_segments, num_sequences)
@@ -40,20 +40,21 @@ def _unpack_kernel(packed_ptr, out_ptr, src_offsets_ptr, seg_seq_ptr, seg_start_
         dest_ok = seq_ok & (dest >= 0) & (dest < num_dest_tokens)
     dest_base = dest * F
     src_base = p.to(tl.int64) * F
-    for f0 in range(0, F, BLOCK_F):
+    for f0 in range(0, _i64(F), BLOCK_F):
         f = f0 + tl.arange(0, BLOCK_F)
         f_ok = f < F
         vals = tl.load(packed_ptr + src_base[:, None] + f[None, :], mask=dest_ok[:, None] & f_ok[None, :], other=0)
         tl.store(out_ptr + dest_base[:, None] + f[None, :], vals, mask=dest_ok[:, None] & f_ok[None, :])
 
 
-def _launch_fill(out_words, words_per_elem, pad):
+def _launch_fill(op, out_words, words_per_elem, pad):
     n = out_words.numel()
     if n == 0:
         return
     block = _CONFIG["block"]
-    wrap_triton(_fill_kernel)[(triton.cdiv(n, block),)](
-        out_words, n, pad[0], pad[1], WORDS=words_per_elem, BLOCK=block, num_warps=_CONFIG["num_warps"])
+    with _device_guard(out_words):
+        wrap_triton(_fill_kernel)[_grid_1d(op, n, block)](
+            out_words, n, pad[0], pad[1], WORDS=words_per_elem, BLOCK=block, num_warps=_CONFIG["num_warps"])
 
 
 def _launch_unpack(op, packed, flat, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, out, num_sequences,
@@ -62,17 +63,19 @@ def _launch_unpack(op, packed, flat, src_offsets, seg_seq, seg_start, cu_seqlens
     packed = packed.contiguous()
     packed_words, words_per_elem = _words(op, packed, "packed")
     out_words, _ = _words(op, out, "out")
-    _launch_fill(out_words, words_per_elem, _value_words(op, pad_value, packed.dtype, "pad_value"))
+    _launch_fill(op, out_words, words_per_elem, _value_words(op, pad_value, packed.dtype, "pad_value"))
     features = words_per_elem
     for d in packed.shape[1 if flat else 2:]:
         features *= d
     if tokens == 0 or features == 0 or out_words.numel() == 0:
         return
     block_p, block_f = _tiles(features)
-    wrap_triton(_unpack_kernel)[(triton.cdiv(tokens, block_p),)](
-        packed_words, out_words, src_offsets, seg_seq.contiguous(), seg_start.contiguous(), cu_seqlens.contiguous(),
-        cu_seg.contiguous(), tokens, features, seg_seq.numel(), cu_seg.numel(), num_sequences, num_dest_tokens,
-        max_len, PADDED=padded, BLOCK_P=block_p, BLOCK_F=block_f, num_warps=_CONFIG["num_warps"])
+    with _device_guard(packed):
+        wrap_triton(_unpack_kernel)[_grid_1d(op, tokens, block_p)](
+            packed_words, out_words, src_offsets, seg_seq.contiguous(), seg_start.contiguous(),
+            cu_seqlens.contiguous(), cu_seg.contiguous(), tokens, features, seg_seq.numel(), cu_seg.numel(),
+            num_sequences, num_dest_tokens, max_len, PADDED=padded, BLOCK_P=block_p, BLOCK_F=block_f,
+            num_warps=_CONFIG["num_warps"])
 
 
 def _check_unpack_args(op, packed, src_offsets, seg_seq, seg_start, cu_seqlens, cu_seg, flat):
