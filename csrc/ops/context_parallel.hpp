@@ -66,7 +66,7 @@ PACKKIT_HD Source locate(int64_t j, const int32_t* cu, const int32_t* cu_padded,
     const int64_t idx = k < chunk ? cp_rank * chunk + k : (2 * cp_size - 1 - cp_rank) * chunk + (k - chunk);
     const int64_t len = static_cast<int64_t>(cu[s + 1]) - cu[s];
     out.seg = s;
-    if (idx >= 0 && idx < len && cu[s] + idx < num_tokens) {
+    if (idx >= 0 && idx < len && cu[s] + idx >= 0 && cu[s] + idx < num_tokens) {  // never before the row
       out.src = cu[s] + idx;
     } else {
       out.pad_pos = idx - len;
