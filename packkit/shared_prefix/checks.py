@@ -38,6 +38,7 @@ STATUS_ERRORS = {
     2: "attention_mask holds a value other than 0 and 1",
     4: "a packed token id is negative (token ids index the embedding: they must be >= 0)",
     8: "rows of one group id have vision inputs (pixel values, grids) that differ from the group's first row",
+    16: "attention_mask is not the run the given layout recorded (a layout of another batch of the same shape?)",
 }
 
 
