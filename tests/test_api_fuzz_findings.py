@@ -194,5 +194,27 @@ def test_torchtitan_stream_sizes_named_before_allocating():
     docs = [{"input_ids": s} for s in SEQS]
     with pytest.raises(ValueError, match="local_batch_size x seq_len"):
         BalancedDocumentStream(docs, seq_len=2**31, local_batch_size=1)
-    with pytest.raises(ValueError, match="dp_world_size x local_batch_size"):
+    with pytest.raises(ValueError, match=r"dp_world_size x local_batch_size = 2147483648 rows per step; at most 2\^16"):
         BalancedDocumentStream(docs, seq_len=8, local_batch_size=1, dp_world_size=2**31)
+
+
+def test_status_errors_refuses_a_float_status():
+    with pytest.raises(TypeError, match="status must be an integer 0-d tensor"):
+        sp.status_errors(torch.tensor(3.5))
+    assert len(sp.status_errors(torch.tensor(3, dtype=torch.int32))) == 2
+
+
+def test_thd_split_bounds_cp_size():
+    pytest.importorskip("megatron.core")
+    from packkit.integrations.megatron import packed_seq_params, thd_batch_on_cp_rank
+
+    out, params = packed_seq_params(packkit.pack_sequences(SEQS, capacity=16), cp_size=2)
+    with pytest.raises(ValueError, match="cp_size must be in"):
+        thd_batch_on_cp_rank(out, params, 2**63 - 1, 0)
+    assert thd_batch_on_cp_rank(out, params, 2, 1)["tokens"].numel() * 2 == out["tokens"].numel()
+
+
+def test_pack_on_device_size_error_names_capacity():
+    flat = torch.arange(1, 16)
+    with pytest.raises(ValueError, match="row_len is the capacity"):
+        packkit.pack_on_device(flat, torch.tensor([5, 3, 7]), 2**40)

@@ -137,6 +137,8 @@ def thd_batch_on_cp_rank(batch: dict, params, cp_size: int, cp_rank: int) -> dic
     document order (Transformer Engine's ``thd_get_partitioned_indices``, which Megatron's
     ``get_thd_batch_on_this_cp_rank`` calls). ``params`` is unchanged: Megatron passes the global cu_seqlens."""
     cp_size, cp_rank = check_int(cp_size, "cp_size", 1), check_int(cp_rank, "cp_rank", 0)
+    if cp_size > MAX_PARALLEL:  # 2**63 - 1 overflowed numpy's int64 (found by tools/api_fuzz.py)
+        raise ValueError(f"cp_size must be in [1, {MAX_PARALLEL}], got {cp_size}")
     if cp_rank >= cp_size:
         raise ValueError(f"cp_rank must be in [0, {cp_size}), got {cp_rank}")
     if getattr(params, "qkv_format", None) != "thd" or params.cu_seqlens_q_padded is None:

@@ -112,7 +112,7 @@ def pack_layout(segments: Segments, *, flat: bool, row_len: Optional[int] = None
 def _check_batch_size(rows: int, row_len: int) -> None:
     if rows * row_len >= 2**31:
         raise ValueError(f"a packed batch must hold fewer than 2^31 tokens (int32 cu_seqlens); got num_rows x "
-                         f"row_len = {rows} x {row_len}")
+                         f"row_len = {rows} x {row_len} (a padded row_len is the capacity unless given)")
 
 
 def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):

@@ -143,8 +143,8 @@ def pack_rollouts(input_ids: torch.Tensor, attention_mask: torch.Tensor, indices
         raise ValueError("attention_mask and input_ids are on different devices")
     batch, seq_len = input_ids.shape
     if isinstance(position_ids_start, bool) or not isinstance(position_ids_start, numbers.Integral) \
-            or position_ids_start < 0:
-        raise ValueError(f"position_ids_start must be an int >= 0, got {position_ids_start!r}")
+            or not 0 <= position_ids_start <= 2**62:  # 2**64 reached the op as torch's schema error
+        raise ValueError(f"position_ids_start must be an int >= 0 (at most 2^62), got {position_ids_start!r}")
     if not isinstance(check, (bool, np.bool_)):
         raise TypeError(f"check must be True or False, got {check!r}")
     status = negative = None

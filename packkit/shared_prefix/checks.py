@@ -46,6 +46,9 @@ def status_errors(status) -> list[str]:
     """The messages of the bits set in a shared-prefix status (int or 0-d tensor; one sync for a GPU tensor)."""
     if not isinstance(status, (numbers.Integral, torch.Tensor)) or isinstance(status, bool):
         raise TypeError(f"status must be an int or a 0-d tensor (info.status), got {type(status).__name__}")
+    if isinstance(status, torch.Tensor) and (status.numel() != 1 or status.is_floating_point() or status.is_complex()
+                                             or status.dtype == torch.bool):  # 3.5 was read as 3
+        raise TypeError(f"status must be an integer 0-d tensor (info.status), got {status.dtype} {tuple(status.shape)}")
     code = int(status)
     return [message for bit, message in STATUS_ERRORS.items() if code & bit]
 

@@ -131,7 +131,8 @@ def check_numbers(function: str, module: torch.nn.Module, *, scaling=None, softc
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
             raise refusal(function, module, f"{name}={value!r}", f"a {what} must be a number > 0 and finite (or None; "
                           f"not a bool)")
-    if isinstance(dropout, bool) or not isinstance(dropout, (numbers.Real, torch.Tensor)):
+    if isinstance(dropout, bool) or not isinstance(dropout, (numbers.Real, torch.Tensor)) or (
+            isinstance(dropout, torch.Tensor) and dropout.numel() != 1):
         raise refusal(function, module, f"dropout={dropout!r}", "a dropout probability is a number")
     for name, value in max_lengths:
         if isinstance(value, torch.Tensor):  # metadata only (no device sync)

@@ -38,7 +38,7 @@ def forest_apis() -> list:
             lambda: dict(prompts=prompts, completions=completions),
             lambda f, kw: _check_forest_of(f, [0, 1]), skip=("labels",)),
         Api("packkit.shared_prefix.check_forest", sp.check_forest, lambda: dict(forest=_forest()),
-            lambda out, kw: None, variants=[
+            lambda out, kw: None, skip=("name",), variants=[  # name: the argument's name in messages
                 Variant("stale", "forest", "seq_node out of range", "refuse",
                         lambda kw: {**kw, "forest": kw["forest"]._replace(
                             seq_node=kw["forest"].seq_node + len(kw["forest"].parent))})]),
@@ -185,7 +185,7 @@ def pack_on_device_api() -> Api:
         return dict(input_ids=flat, lengths=torch.tensor(LENGTHS), capacity=CAPACITY)
 
     return Api("packkit.pack_on_device", packkit.pack_on_device, base,
-               lambda batch, kw: check_tokens(batch["input_ids"], sources(), 0), skip=("labels",))
+               lambda out, kw: check_tokens(out[0]["input_ids"], sources(), 0), skip=("labels",))
 
 
 def register_more(reg: dict) -> None:
