@@ -117,7 +117,7 @@ def test_collator_num_buffers_checked_without_reuse_and_input_key_named():
     for bad in (math.nan, "2", complex(2, 0)):
         with pytest.raises(TypeError, match="num_buffers must be an int"):
             packkit.PackingCollator(8, num_buffers=bad)
-    with pytest.raises(ValueError, match="feature 0 has no input_key='' key"):
+    with pytest.raises(ValueError, match=r"feature 0 has no '' key \(the input_key"):
         packkit.PackingCollator(8, input_key="")([{"input_ids": [1, 2]}])
 
 

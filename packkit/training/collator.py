@@ -169,7 +169,8 @@ class PackingCollator:
         for i, feature in enumerate(features):
             if isinstance(feature, Mapping):
                 if self.input_key not in feature:
-                    raise ValueError(f"feature {i} has no input_key={self.input_key!r} key (keys: {sorted(feature)})")
+                    raise ValueError(f"feature {i} has no {self.input_key!r} key (the input_key; keys: "
+                                     f"{sorted(feature)})")
                 ids_raw.append(feature[self.input_key])
                 kind = next((k for k in (self.label_key, *LABEL_MASK_KEYS) if feature.get(k) is not None), None)
                 label_kind.append(kind)
