@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shlex
 import sys
@@ -37,6 +38,19 @@ def _fraction(text: str) -> float:
         value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def _int64(text: str) -> int:
+    """An int option: what numpy and the planner can hold (2**63 gave numpy's OverflowError, not exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not -2**63 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text} is out of range (a 64-bit int)")
     return value
 
 
@@ -54,7 +68,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--format", default="auto", choices=["auto", "jsonl", "json", "parquet", "arrow", "hf", "text", "npy"],
                    help="input format (default: from the extension, else the first bytes)")
     g.add_argument("--split", help="split of a saved DatasetDict folder (default: train, or the only one)")
-    g.add_argument("--max-samples", type=int, help="read only the first N samples")
+    g.add_argument("--max-samples", type=_int64, help="read only the first N samples")
     g = p.add_argument_group("sample length")
     g.add_argument("--length-field", action="append", metavar="NAME",
                    help="field holding a token count (repeat or comma-separate to sum; a.b for nested)")
@@ -64,7 +78,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", metavar="DIR", help="local tokenizer folder (save_pretrained) or tokenizer.json; "
                                                       "never downloads")
     g.add_argument("--no-special-tokens", action="store_true", help="count text without BOS/EOS special tokens")
-    g.add_argument("--extra-tokens", type=int, default=0, metavar="N",
+    g.add_argument("--extra-tokens", type=_int64, default=0, metavar="N",
                    help="tokens added to every sample (e.g. 1 for an EOS appended when packing)")
     g = p.add_argument_group("image tokens (vision-language data)")
     g.add_argument("--image-size-field", action="append", metavar="NAME",
@@ -73,11 +87,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--image-height-field", metavar="NAME", help="field holding image height(s) in pixels")
     g.add_argument("--vision-model", choices=["qwen2-vl", "qwen2.5-vl", "qwen3-vl"],
                    help="resize rule for image tokens (patch/merge size, min/max pixels of the released models)")
-    g.add_argument("--patch-size", type=int, metavar="N", help="override the family's patch size")
-    g.add_argument("--merge-size", type=int, metavar="N", help="override the family's spatial merge size")
-    g.add_argument("--min-pixels", type=int, metavar="N", help="override the family's min_pixels")
-    g.add_argument("--max-pixels", type=int, metavar="N", help="override the family's max_pixels")
-    g.add_argument("--image-extra-tokens", type=int, default=0, metavar="N",
+    g.add_argument("--patch-size", type=_int64, metavar="N", help="override the family's patch size")
+    g.add_argument("--merge-size", type=_int64, metavar="N", help="override the family's spatial merge size")
+    g.add_argument("--min-pixels", type=_int64, metavar="N", help="override the family's min_pixels")
+    g.add_argument("--max-pixels", type=_int64, metavar="N", help="override the family's max_pixels")
+    g.add_argument("--image-extra-tokens", type=_int64, default=0, metavar="N",
                    help="tokens added per image (e.g. 2 for vision start/end tokens the text lacks; default 0)")
     g = p.add_argument_group("packing simulation")
     g.add_argument("--max-lengths", default="auto", metavar="LIST",
@@ -88,7 +102,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "with --dp-size > 1)")
     g.add_argument("--overlong", default="drop", choices=["drop", "truncate", "split"],
                    help="samples longer than the max length (default: drop)")
-    g.add_argument("--dp-size", type=int, default=1, metavar="N",
+    g.add_argument("--dp-size", type=_int64, default=1, metavar="N",
                    help="data-parallel ranks: rows are grouped into steps of N and balance is reported (default: 1)")
     g.add_argument("--cp-sizes", metavar="LIST",
                    help="context-parallel sizes (e.g. 2,4,8,16): report the tokens zigzag CP padding costs and the "
@@ -100,15 +114,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="efficiency the recommended max length must reach (0.99 or 99%%; default 0.99)")
     g.add_argument("--max-dropped-fraction", type=_fraction, default=0.001, metavar="F",
                    help="most samples it may drop or truncate (0.001 or 0.1%%; default 0.001)")
-    g.add_argument("--batch-size", type=int, default=128, metavar="N",
+    g.add_argument("--batch-size", type=_int64, default=128, metavar="N",
                    help="effective batch: rows per optimizer step, in the padded run and the packed run alike "
                         "(seed 001's effective_batch_size; default 128)")
-    g.add_argument("--epochs", type=int, default=1, metavar="N", help="training epochs (default: 1)")
-    g.add_argument("--per-device-batch-size", type=int, default=1, metavar="N",
+    g.add_argument("--epochs", type=_int64, default=1, metavar="N", help="training epochs (default: 1)")
+    g.add_argument("--per-device-batch-size", type=_int64, default=1, metavar="N",
                    help="packed rows per device micro-batch (default: 1)")
-    g.add_argument("--padded-micro-batch-size", type=int, default=8, metavar="N",
+    g.add_argument("--padded-micro-batch-size", type=_int64, default=8, metavar="N",
                    help="samples per device micro-batch in the padded baseline (default: 8)")
-    g.add_argument("--seed", type=int, default=0, help="shuffle seed of the padded baseline (default: 0)")
+    g.add_argument("--seed", type=_int64, default=0, help="shuffle seed of the padded baseline (default: 0)")
     g = p.add_argument_group("output")
     g.add_argument("--no-figures", action="store_true", help="skip the PNG figures (no matplotlib needed)")
     g.add_argument("--save-lengths", action="store_true", help="also write lengths.npy (int64, one per sample)")

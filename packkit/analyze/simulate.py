@@ -62,6 +62,8 @@ def parse_max_lengths(spec, stats: dict | None) -> list[int]:
             raise AnalyzeError(f"max lengths: {item!r} is not a positive integer or 'auto'") from None
         if value <= 0:
             raise AnalyzeError(f"max lengths: {value} is not a positive integer")
+        if value >= 2**63:  # the planner's capacity bound: was its ValueError, a traceback instead of exit 2
+            raise AnalyzeError(f"max lengths: {value} is not below 2^63")
         out.add(value)
     return sorted(out)
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..packing.checks import as_device, check_bool, check_fill, check_pack_scalars, check_separator
-from ..packing.fields import check_pad_values, prepare_fields
+from ..packing.fields import check_pad_values, check_policy, prepare_fields
 from ..packing.sequences import _backend_for, check_layout, plan_layout, source_tokens
 from ..packing.tensors import host_tensor, to_device
 from .shard import (CP_OUTPUT_KEYS, CPShardInfo, _check_cp, _cp_geometry, _cp_op, _host_layout, _shard_outputs,
@@ -102,6 +102,7 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
         pad_token_id, ignore_index, position_ids_start, mask_first_label)
     if separator_id is not None:
         check_separator(separator_id, ignore_index)
+    check_policy(extra_fields)  # with or without fields (3 passed silently when there were none)
     flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels)
     token_fields, pads = {}, check_pad_values(pad_values)
     if fields:

@@ -20,7 +20,7 @@ import torch
 
 from ..packing import ops
 from ..packing.backend_check import HOST, on_host
-from ..packing.checks import check_bool, check_fill, check_int, integer_tokens
+from ..packing.checks import check_bool, check_fill, check_int, check_padding, integer_tokens
 from ..packing.sequences import PackInfo, _backend_for
 from ..packing.tensors import host_tensor, to_device
 from ..planning.planner import as_lengths
@@ -84,12 +84,15 @@ def cp_padded_lengths(lengths, cp_size: int, mode: str = "zigzag") -> np.ndarray
     return (lengths + m - 1) // m * m
 
 
+MAX_CP_SIZE = 1 << 24
+
+
 def _check_cp(cp_size, cp_rank, mode) -> None:
     for name, v in (("cp_size", cp_size), ("cp_rank", cp_rank)):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             raise TypeError(f"{name} must be an int, got {v!r}")
-    if cp_size < 1:
-        raise ValueError(f"cp_size must be >= 1, got {cp_size}")
+    if not 1 <= cp_size <= MAX_CP_SIZE:  # the planner's dp_size bound; 2**64 overflowed numpy's int64
+        raise ValueError(f"cp_size must be in [1, {MAX_CP_SIZE}], got {cp_size}")
     if not 0 <= cp_rank < cp_size:
         raise ValueError(f"cp_rank must be in [0, {cp_size}), got {cp_rank}")
     if mode not in CP_MODES:
@@ -197,7 +200,9 @@ def _cp_geometry(cu: np.ndarray, cp_size: int, cp_rank: int, mode: str) -> tuple
         local_len = -(-num_tokens // cp_size)
         local_cu = _local_cu_contiguous(cu, local_len * cp_size, cp_rank, local_len)
     if int(cup[-1]) >= 2**31:
-        raise ValueError(f"the CP-padded row holds {int(cup[-1])} tokens; cu_seqlens are int32 (< 2^31)")
+        raise ValueError(f"the CP-padded row holds {int(cup[-1])} tokens (cp_size={cp_size}, mode={mode!r}); "
+                         f"cu_seqlens are int32 (< 2^31)")
+    check_padding(int(cup[-1]), num_tokens, f"the CP-padded row (cp_size={cp_size}, mode={mode!r})")
     return cup, local_len, local_cu
 
 

@@ -58,6 +58,8 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
     (counted in ``zero_length``).
     """
     shuffle, seed, position_ids = check_options(algorithm, overlong, cost, shuffle, seed, position_ids)
+    if not isinstance(return_report, (bool, np.bool_)):  # 0 / "no" picked the return type silently
+        raise TypeError(f"return_report must be True or False, got {return_report!r}")
     if type(dataset).__module__.startswith("ray.data"):
         from .ray_data import pack_ray_dataset
 

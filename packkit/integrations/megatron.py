@@ -21,9 +21,10 @@ import numpy as np
 import torch
 
 from ..context_parallel.shard import _flat_tokens, _host_cu, _src_index_host
-from ..packing.checks import check_bool, check_int
+from ..packing.checks import check_bool, check_fill, check_int, check_padding
 from ..packing.tensors import host_tensor, to_device
 
+MAX_PARALLEL = 1 << 24
 MEGATRON_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 
 
@@ -42,6 +43,9 @@ def megatron_pad_multiple(cp_size: int = 1, tp_size: int = 1, sequence_parallel:
     ``cu_seqlens_q``), and with sequence parallelism the lcm of that and ``tp * cp`` (the sequence is then split
     over tp ranks too)."""
     cp_size, tp_size = check_int(cp_size, "cp_size", 1), check_int(tp_size, "tp_size", 1)
+    for name, value in (("cp_size", cp_size), ("tp_size", tp_size)):
+        if value > MAX_PARALLEL:  # the planner's dp_size bound; 2**64 overflowed numpy's int64
+            raise ValueError(f"{name} must be in [1, {MAX_PARALLEL}], got {value}")
     sequence_parallel = check_bool(sequence_parallel, "sequence_parallel")
     multiple = 2 * cp_size if cp_size > 1 else 1
     if sequence_parallel and tp_size > 1:
@@ -79,6 +83,8 @@ def packed_seq_params(batch: dict, *, cp_size: int = 1, tp_size: int = 1, sequen
                          f"[1, T] (pack with layout='flat')")
     if ids_in.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"input_ids must be int32 or int64 token ids, got {ids_in.dtype}")
+    check_fill(pad_token_id, ids_in.dtype, "pad_token_id")
+    check_fill(ignore_index, ids_in.dtype, "ignore_index")  # compared with the labels in the ids' dtype  # int32 ids cannot hold 2**40 (torch's error named nothing)
     num_tokens = ids_in.shape[1]
     ids = ids_in.reshape(num_tokens)
     labels = batch.get("labels")
@@ -96,8 +102,10 @@ def packed_seq_params(batch: dict, *, cp_size: int = 1, tp_size: int = 1, sequen
     cup = np.concatenate(([0], np.cumsum(padded))).astype(np.int64)
     total = int(cup[-1])
     if total >= 2**31:
-        raise ValueError(f"the padded row holds {total} tokens; cu_seqlens are int32 (< 2^31)")
+        raise ValueError(f"the padded row holds {total} tokens (each document padded to a multiple of {multiple} for "
+                         f"cp_size={cp_size}, tp_size={tp_size}); cu_seqlens are int32 (< 2^31)")
 
+    check_padding(total, num_tokens, f"the Megatron row padded for cp_size={cp_size}, tp_size={tp_size}")
     # Where each padded position's token comes from (-1: padding), its document, and its position in it.
     seg = np.repeat(np.arange(len(padded)), padded)
     within = np.arange(total, dtype=np.int64) - cup[:-1][seg]
@@ -129,6 +137,8 @@ def thd_batch_on_cp_rank(batch: dict, params, cp_size: int, cp_rank: int) -> dic
     document order (Transformer Engine's ``thd_get_partitioned_indices``, which Megatron's
     ``get_thd_batch_on_this_cp_rank`` calls). ``params`` is unchanged: Megatron passes the global cu_seqlens."""
     cp_size, cp_rank = check_int(cp_size, "cp_size", 1), check_int(cp_rank, "cp_rank", 0)
+    if cp_size > MAX_PARALLEL:  # 2**63 - 1 overflowed numpy's int64 (found by tools/api_fuzz.py)
+        raise ValueError(f"cp_size must be in [1, {MAX_PARALLEL}], got {cp_size}")
     if cp_rank >= cp_size:
         raise ValueError(f"cp_rank must be in [0, {cp_size}), got {cp_rank}")
     if getattr(params, "qkv_format", None) != "thd" or params.cu_seqlens_q_padded is None:

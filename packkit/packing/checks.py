@@ -41,21 +41,38 @@ def check_bool(value, name: str) -> bool:
 
 def as_device(device, name: str = "device") -> torch.device:
     """``torch.device(device)`` with a ValueError naming the argument (torch raises a RuntimeError)."""
-    if isinstance(device, torch.device):
-        return device
-    if not isinstance(device, (str, int)) or isinstance(device, bool):
+    if not isinstance(device, (str, int, torch.device)) or isinstance(device, bool):
         raise TypeError(f"{name} must be a torch.device, a str like 'cuda:0' or an int, got {type(device).__name__}")
     try:
-        return torch.device(device)
+        dev = device if isinstance(device, torch.device) else torch.device(device)
     except RuntimeError as exc:
         raise ValueError(f"{name}={device!r} is not a device: {exc}") from None
+    if dev.type == "meta":
+        raise ValueError(f"{name}={device!r}: a meta tensor holds no data, and packing moves token values")
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"{name}={device!r} but this machine has {torch.cuda.device_count()} usable CUDA devices "
+                         f"(torch {torch.__version__}, CUDA {'available' if torch.cuda.is_available() else 'not available'})")
+    return dev
+
+
+# The pack ops carry fill values (pad_token_id, ignore_index) as float64: exact up to 2^53. 2**53 + 1 came back as
+# 2**53 and 2**63 - 1 as torch's "cannot be converted" RuntimeError (found by tools/api_fuzz.py).
+MAX_FILL = 2**53
+# Positions count up from position_ids_start inside a batch of < 2^31 tokens: int64 must not wrap.
+MAX_POSITION_START = 2**62
 
 
 def check_pack_scalars(pad_token_id, ignore_index, position_ids_start, mask_first_label=True) -> tuple:
     """(pad_token_id, ignore_index, position_ids_start, mask_first_label) checked: the padding id is an
     embedding index (>= 0), positions start at >= 0 (learned position embeddings index with them)."""
-    return (check_int(pad_token_id, "pad_token_id", 0), check_int(ignore_index, "ignore_index"),
-            check_int(position_ids_start, "position_ids_start", 0), check_bool(mask_first_label, "mask_first_label"))
+    out = (check_int(pad_token_id, "pad_token_id", 0), check_int(ignore_index, "ignore_index"),
+           check_int(position_ids_start, "position_ids_start", 0), check_bool(mask_first_label, "mask_first_label"))
+    for name, value, high in (("pad_token_id", out[0], MAX_FILL), ("ignore_index", out[1], MAX_FILL),
+                              ("position_ids_start", out[2], MAX_POSITION_START)):
+        if abs(value) > high:
+            raise ValueError(f"{name} must be in [-{high}, {high}] (the pack ops carry it exactly only there), "
+                             f"got {value}")
+    return out
 
 
 def check_separator(separator_id, ignore_index: int) -> int:
@@ -100,7 +117,7 @@ def check_token_ids(flat: torch.Tensor, name: str, lengths: Optional[np.ndarray]
                          f"token ids index the embedding and must be >= 0")
 
 
-def check_fill(value, dtype: torch.dtype, name: str) -> None:
+def check_fill(value, dtype: torch.dtype, name: str) -> None:  # noqa: C901 - one rule per dtype kind
     """ValueError unless ``value`` (a padding / ignore / separator value) is exactly representable in ``dtype``:
     an int32 batch cannot hold pad_token_id=2**40, an integer field not 1.5 (a cast would silently change it)."""
     if dtype.is_floating_point or dtype.is_complex:

@@ -20,7 +20,7 @@ from .ops import cuda_kernels_status, has_cuda_kernels
 from .buffers import PackBuffers
 from .checks import (as_device, check_bool, check_fill, check_pack_scalars, check_padding, check_plan_covers,
                      check_token_ids, integer_tokens)
-from .fields import pack_fields, prepare_fields
+from .fields import check_policy, pack_fields, prepare_fields
 from .multimodal.mrope import check_mrope_start
 from .tensors import host_tensor, to_device
 
@@ -73,6 +73,7 @@ def pack_layout(segments: Segments, *, flat: bool, row_len: Optional[int] = None
     Defaults: flat ``row_len`` = the plan's tokens (no padding); padded ``num_rows`` = the plan's bins.
     Raises ValueError if the plan does not fit.
     """
+    flat = check_bool(flat, "flat")  # flat=0 passed as the padded layout
     lengths, offsets = segments.length, segments.bin_offsets
     num_bins = len(offsets) - 1
     cumulative = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
@@ -80,7 +81,7 @@ def pack_layout(segments: Segments, *, flat: bool, row_len: Optional[int] = None
     longest = int(lengths.max()) if len(lengths) else 0
     if flat:
         row_len = total if row_len is None else _count(row_len, "row_len")
-        if num_rows not in (None, 1):
+        if num_rows is not None and _count(num_rows, "num_rows") != 1:  # _count first: True == 1
             raise ValueError(f"the flat layout is one row; num_rows must be None or 1, got {num_rows}")
         if total > row_len:
             raise ValueError(f"the plan holds {total} tokens but the flat layout has row_len={row_len}")
@@ -111,8 +112,8 @@ def pack_layout(segments: Segments, *, flat: bool, row_len: Optional[int] = None
 
 def _check_batch_size(rows: int, row_len: int) -> None:
     if rows * row_len >= 2**31:
-        raise ValueError(f"a packed batch must hold fewer than 2^31 tokens (int32 cu_seqlens); got "
-                         f"{rows} x {row_len}")
+        raise ValueError(f"a packed batch must hold fewer than 2^31 tokens (int32 cu_seqlens); got num_rows x "
+                         f"row_len = {rows} x {row_len} (a padded row_len is the capacity unless given)")
 
 
 def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
@@ -294,6 +295,7 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
     pad_token_id, ignore_index, position_ids_start, mask_first_label = check_pack_scalars(
         pad_token_id, ignore_index, position_ids_start, mask_first_label)
     check_bool(return_info, "return_info")
+    check_policy(extra_fields)  # checked with or without fields ('' passed silently when there were none)
     flat_ids, seq_lengths, flat_labels = source_tokens(sequences, lengths, labels)
     extra = None
     if fields or mrope is not None:
@@ -358,6 +360,8 @@ def unpack_sequences(packed: torch.Tensor, info: PackInfo, *, padded: bool = Fal
     if isinstance(pad_value, bool) or not isinstance(pad_value, numbers.Real):
         raise TypeError(f"pad_value must be a number, got {type(pad_value).__name__} {pad_value!r}")
     check_bool(padded, "padded")
+    if max_len is not None:  # checked whether or not padded=True reads it (2.5 / NaN passed silently)
+        max_len = _count(max_len, "max_len")
     shape = info.layout
     if shape.flat and packed.dim() >= 2 and packed.shape[0] == 1 and packed.shape[1] == shape.row_len:
         packed = packed[0]
@@ -370,7 +374,7 @@ def unpack_sequences(packed: torch.Tensor, info: PackInfo, *, padded: bool = Fal
         raise ValueError(f"packed is on {packed.device} but the batch was packed on {info.cu_seqlens.device}")
     if padded:
         longest = int(info.lengths.max()) if len(info.lengths) else 0
-        max_len = longest if max_len is None else _count(max_len, "max_len")
+        max_len = longest if max_len is None else max_len
         check_padding(len(info.lengths) * max_len, int(info.lengths.sum()),
                       f"unpack_sequences(padded=True, max_len={max_len}) of {len(info.lengths)} sequences")
         return _op("unpack_padded", which)(packed.contiguous(), info.seg_seq, info.seg_start, info.cu_seqlens,

@@ -28,6 +28,9 @@ CostLike = Union[str, tuple, Callable, object]
 # so dp_size=10**9 would need ~100 GB before any sequence is placed. 2**20 is far beyond any real step
 # (16,384 ranks x 64 micro-batches).
 MAX_MICRO_BATCHES = 1 << 20
+# ... and at most max(2**16, 8 per sequence): dp_size=2**20 for 5 rollouts took over 20 s laying out a million
+# empty index arrays; the output is bounded by the data (65,536 ranks still get one micro-batch each).
+MICRO_BATCHES_FLOOR, MICRO_BATCHES_PER_SEQUENCE = 1 << 16, 8
 # The cross-step local search (C++, csrc/planner/step_search.cpp) runs where the layout's per-step balance is above
 # SEARCH_ABOVE (heavy-tailed rollouts; typical batches come out of the layout within it), at most SEARCH_ROUNDS
 # changes per layout.
@@ -98,8 +101,8 @@ class MicroBatches:
 
 
 def _count(value, name, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not minimum <= value <= 2**63 - 1:
+        raise ValueError(f"{name} must be an int in [{minimum}, 2^63 - 1], got {value!r}")
     return int(value)
 
 
@@ -235,12 +238,14 @@ def micro_batches(lengths, max_tokens: int, dp_size: int = 1, cost: CostLike = "
         raise ValueError(f"the rollouts hold {total:,} tokens in all, more than 2^63 - 1")
     token_bound = -(-total // max_tokens)
 
+    limit = min(MAX_MICRO_BATCHES, max(MICRO_BATCHES_FLOOR, MICRO_BATCHES_PER_SEQUENCE * n))
+
     def rounded(k):
         k = max(k, minimum, 1)
         k = -(-k // divisor) * divisor
-        if k * dp_size > MAX_MICRO_BATCHES:  # every micro-batch is an index array: bound the output, not the RAM
+        if k * dp_size > limit:  # every micro-batch is an index array: bound the output, not the RAM
             raise ValueError(f"dp_size={dp_size} ranks x {k} micro-batches each = {k * dp_size:,} micro-batches, more "
-                             f"than the {MAX_MICRO_BATCHES:,} micro_batches lays out (check dp_size, "
+                             f"than the {limit:,} micro_batches lays out for {n} sequences (check dp_size, "
                              f"min_micro_batches={min_micro_batches}, divisible_by={divisible_by})")
         return k
 

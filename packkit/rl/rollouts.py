@@ -98,9 +98,11 @@ def _indices(indices, batch: int) -> np.ndarray:
             raise ValueError("indices must be on the host (numpy, list or a CPU tensor): they size the packed batch")
         indices = indices.numpy()
     idx = np.asarray(indices)
+    if idx.ndim != 1:  # a scalar (a count passed for a list) or a 2-D array: reshape(-1) read it as rows
+        raise TypeError(f"indices must be a 1-D sequence of row indices, got {idx.ndim}-d {type(indices).__name__}")
     if idx.dtype == object or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
         raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
-    idx = idx.astype(np.int64).reshape(-1)
+    idx = idx.astype(np.int64)
     if idx.size and (idx.min() < 0 or idx.max() >= batch):
         raise ValueError(f"indices name row {int(idx.max() if idx.max() >= batch else idx.min())} but the batch has "
                          f"{batch} rows")
@@ -141,8 +143,8 @@ def pack_rollouts(input_ids: torch.Tensor, attention_mask: torch.Tensor, indices
         raise ValueError("attention_mask and input_ids are on different devices")
     batch, seq_len = input_ids.shape
     if isinstance(position_ids_start, bool) or not isinstance(position_ids_start, numbers.Integral) \
-            or position_ids_start < 0:
-        raise ValueError(f"position_ids_start must be an int >= 0, got {position_ids_start!r}")
+            or not 0 <= position_ids_start <= 2**62:  # 2**64 reached the op as torch's schema error
+        raise ValueError(f"position_ids_start must be an int >= 0 (at most 2^62), got {position_ids_start!r}")
     if not isinstance(check, (bool, np.bool_)):
         raise TypeError(f"check must be True or False, got {check!r}")
     status = negative = None
@@ -192,16 +194,22 @@ def pack_rollouts(input_ids: torch.Tensor, attention_mask: torch.Tensor, indices
 def _mask_status(attention_mask, input_ids, idx, layout, device):
     """0-d int32 on the device: how many of the rows ``idx`` have a mask other than the layout's run, a mask value
     other than 0/1, or a negative token id at a valid position (no sync)."""
+    bad, raw, expect, rows = _off_layout(attention_mask, idx, layout, device)
+    bad |= _not_binary(raw)
+    bad |= expect & (input_ids.index_select(0, rows) < 0)
+    return bad.any(1).sum(dtype=torch.int32)
+
+
+def _off_layout(attention_mask, idx, layout, device) -> tuple:
+    """``[len(idx), S]`` bool on the device: where rows ``idx`` of the mask differ from the run ``layout`` recorded
+    (a layout of another mask of the same shape), with the rows' raw mask, the expected run and the row index."""
     meta = np.stack((idx, layout.start[idx], layout.length[idx]))
     meta = to_device(host_tensor(np.ascontiguousarray(meta)), device)
     cols = torch.arange(layout.seq_len, device=device)
     start, length = meta[1].unsqueeze(1), meta[2].unsqueeze(1)
     expect = (cols >= start) & (cols < start + length)
     raw = attention_mask.index_select(0, meta[0])
-    bad = (raw != 0) != expect
-    bad |= _not_binary(raw)
-    bad |= expect & (input_ids.index_select(0, meta[0]) < 0)
-    return bad.any(1).sum(dtype=torch.int32)
+    return (raw != 0) != expect, raw, expect, meta[0]
 
 
 def check_rollouts(info: RolloutInfo) -> None:

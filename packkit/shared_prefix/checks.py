@@ -38,6 +38,7 @@ STATUS_ERRORS = {
     2: "attention_mask holds a value other than 0 and 1",
     4: "a packed token id is negative (token ids index the embedding: they must be >= 0)",
     8: "rows of one group id have vision inputs (pixel values, grids) that differ from the group's first row",
+    16: "attention_mask is not the run the given layout recorded (a layout of another batch of the same shape?)",
 }
 
 
@@ -45,6 +46,9 @@ def status_errors(status) -> list[str]:
     """The messages of the bits set in a shared-prefix status (int or 0-d tensor; one sync for a GPU tensor)."""
     if not isinstance(status, (numbers.Integral, torch.Tensor)) or isinstance(status, bool):
         raise TypeError(f"status must be an int or a 0-d tensor (info.status), got {type(status).__name__}")
+    if isinstance(status, torch.Tensor) and (status.numel() != 1 or status.is_floating_point() or status.is_complex()
+                                             or status.dtype == torch.bool):  # 3.5 was read as 3
+        raise TypeError(f"status must be an integer 0-d tensor (info.status), got {status.dtype} {tuple(status.shape)}")
     code = int(status)
     return [message for bit, message in STATUS_ERRORS.items() if code & bit]
 

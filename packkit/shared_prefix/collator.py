@@ -61,10 +61,12 @@ class SharedPrefixCollator:
             unknown = set(f) - self._known - self.ignore_keys
             if unknown:
                 raise ValueError(f"example {i} has fields {sorted(unknown)} the shared-prefix collator does not pack; "
-                                 f"it packs {sorted(self._known)} (pass ignore_keys=[...] to drop others)")
+                                 f"it packs {sorted(self._known)} (the prompt_key / completion_keys / completions_key "
+                                 f"given; pass ignore_keys=[...] to drop others)")
             missing = self._known - set(f)
             if missing:
-                raise ValueError(f"example {i} lacks {sorted(missing)}")
+                raise ValueError(f"example {i} lacks {sorted(missing)} (the prompt_key / completion_keys / "
+                                 f"completions_key given)")
             prompts.append(_ids(f[self.prompt_key], i, self.prompt_key))
             if self.completions_key:
                 group = f[self.completions_key]

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..training.attention_args import layer_limits, refusal, refuse_unknown, register
+from ..training.attention_args import check_numbers, layer_limits, refusal, refuse_unknown, register
 from .attention_meta import SharedPrefixAttention
 
 NAME = "packkit_shared_prefix"
@@ -92,6 +92,7 @@ def shared_prefix_attention_forward(module: torch.nn.Module, query: torch.Tensor
                if position_ids is None else "they are not the batch's own packed positions (a branch's positions "
                "continue from its prefix's); pass batch['position_ids'] unchanged")
         raise refusal(NAME, module, "the call's position_ids", why)
+    check_numbers(NAME, module, scaling=scaling, softcap=softcap, sliding_window=sliding_window, dropout=dropout)
     sliding_window, chunk = layer_limits(module, sliding_window)
     if chunk is not None and chunk < shared_prefix.max_path:
         raise refusal(NAME, module, f"chunked attention (attention_chunk_size={chunk}, shorter than the longest "
@@ -102,8 +103,6 @@ def shared_prefix_attention_forward(module: torch.nn.Module, query: torch.Tensor
                       f"path ({shared_prefix.max_path} tokens)", "the window is not implemented on tree masks; use "
                       "unshared packing for these sequences")
     _check_model(module)
-    if softcap is not None and not softcap > 0:
-        raise refusal(NAME, module, f"softcap={softcap!r}", "a soft-cap must be a positive number")
     sink = None
     if s_aux is not None:
         heads = query.shape[1]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..packing.tensors import host_tensor, to_device
-from ..rl.rollouts import RolloutLayout, _indices, rollout_layout
+from ..rl.rollouts import RolloutLayout, _indices, _off_layout, rollout_layout
 from .checks import STATUS_ERRORS, check_status, check_temperature
 from .logprobs import CompletionLogprobs, completion_logprobs
 from .pack import SharedPrefixInfo, pack_forest
@@ -34,6 +34,7 @@ class RolloutGroupsInfo(NamedTuple):
 
 
 PROMPT_DIFFERS, MASK_NOT_BINARY = 1, 2  # bits of ``status`` (checks.STATUS_ERRORS); 4: a negative token id
+MASK_NOT_LAYOUT = 16
 assert PROMPT_DIFFERS in STATUS_ERRORS and MASK_NOT_BINARY in STATUS_ERRORS
 
 
@@ -98,6 +99,7 @@ def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, g
     if isinstance(prompt_length, bool) or not isinstance(prompt_length, (int, np.integer)) \
             or not 0 <= prompt_length <= s:
         raise ValueError(f"prompt_length must be an int in [0, {s}] (the prompt columns), got {prompt_length!r}")
+    given_layout = layout is not None
     layout = rollout_layout(attention_mask) if layout is None else layout
     if not isinstance(layout, RolloutLayout) or len(layout.start) != b or layout.seq_len != s \
             or len(layout.length) != b:
@@ -152,6 +154,9 @@ def pack_rollout_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, g
     if check:  # on the device, no sync: prompts of one uid, mask values; pack_forest's status has the token ids
         status = _prompt_status(input_ids, rows, first_row, start, prompt_length, input_ids.device)
         status = status | _mask_values_status(attention_mask, rows)
+        if given_layout:  # a layout of another mask of the same shape would pack masked tokens (as rl.pack_rollouts)
+            off = _off_layout(attention_mask, rows, layout, attention_mask.device)[0]
+            status = status | off.any().to(torch.int32) * MASK_NOT_LAYOUT
         if info.status is not None:
             status = status | info.status.to(status.device)
     if multi_modal_inputs is not None:

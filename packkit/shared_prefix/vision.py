@@ -113,6 +113,12 @@ def split_prompts(prompts, mrope, name: str = "prompts") -> tuple[list, Optional
     n = len(prompts)
     present = sorted({k for g in dicts for k in prompts[g]} & set(VISION_KEYS), key=VISION_KEYS.index)
     fields = {k: [prompts[g].get(k) if isinstance(prompts[g], dict) else None for g in range(n)] for k in present}
+    for pix, grid in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+        given = [g for g in range(n) if fields.get(pix, [None] * n)[g] is not None]
+        if given and grid not in fields:  # check_vision lets grid-less pixels through (LLaVA); a Qwen-VL needs them
+            raise ValueError(f"{name}[{given[0]}] has {pix} but no {grid}: with mrope= (a Qwen-VL config) the model "
+                             f"splits the pixels into images by their grids; pass the processor's {grid} too "
+                             f"(without it the pixels would be dropped)")
     try:
         images, videos = check_vision(fields, n)
     except ValueError as e:  # its messages say "sample i": here that is prompts[i]

@@ -12,6 +12,8 @@ gpt2, gpt_neox, opt, seed_oss, llama4_text, with a PackingCollator batch (``num_
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -111,6 +113,38 @@ def refuse_unknown(function: str, module: torch.nn.Module, unknown: dict) -> Non
         raise refusal(function, module, f"the argument(s) {names}",
                       "packkit neither implements nor knows them, and dropping one could change the result; known: "
                       + ", ".join(sorted(ARGUMENTS)))
+
+
+def check_numbers(function: str, module: torch.nn.Module, *, scaling=None, softcap=None, sliding_window=None,
+                  dropout=0.0, max_lengths=()) -> None:
+    """The numeric keyword arguments, refused by name unless they are numbers of the kind meant: a bool is not a
+    soft-cap (``softcap=True`` ran as a cap of 1.0), a scale or cap must be finite and > 0, a window an int >= 0
+    (None or 0: no window). O(1); tensors are not read."""
+    for name, what, value in (("scaling", "scale", scaling), ("softcap", "soft-cap", softcap)):
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):  # a model's tensor scale: its metadata only (no device sync)
+            if value.numel() != 1 or value.dtype == torch.bool or value.is_complex():
+                raise refusal(function, module, f"{name} of shape {tuple(value.shape)} and dtype {value.dtype}",
+                              f"a {what} is one real number")
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
+            raise refusal(function, module, f"{name}={value!r}", f"a {what} must be a number > 0 and finite (or None; "
+                          f"not a bool)")
+    if isinstance(dropout, bool) or not isinstance(dropout, (numbers.Real, torch.Tensor)) or (
+            isinstance(dropout, torch.Tensor) and dropout.numel() != 1):
+        raise refusal(function, module, f"dropout={dropout!r}", "a dropout probability is a number")
+    for name, value in max_lengths:
+        if isinstance(value, torch.Tensor):  # metadata only (no device sync)
+            if value.numel() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+                raise refusal(function, module, f"{name} of shape {tuple(value.shape)} and dtype {value.dtype}",
+                              "it is the batch's longest document, one int")
+        elif value is not None and (
+                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
+            raise refusal(function, module, f"{name}={value!r}", "it is the batch's longest document, an int >= 0")
+    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(
+            sliding_window, numbers.Integral) or sliding_window < 0):
+        raise refusal(function, module, f"sliding_window={sliding_window!r}", "a window is an int >= 0 (or None)")
 
 
 def mask_guard(function: str):

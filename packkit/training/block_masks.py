@@ -26,6 +26,10 @@ from typing import Optional
 
 import torch
 
+from ..packing.checks import check_int
+
+MAX_BLOCK_SIZE = 1 << 16
+
 # transformers.masking_utils builders that add a window / chunk to a mask they build, and the config field.
 _WINDOWED_BUILDERS = {"create_sliding_window_causal_mask": "sliding_window",
                       "create_bidirectional_sliding_window_mask": "sliding_window",
@@ -97,6 +101,9 @@ class LayerBlockMasks(dict):
 
 
 def _documents(seq_idx: torch.Tensor) -> torch.Tensor:
+    if not isinstance(seq_idx, torch.Tensor) or seq_idx.is_floating_point() or seq_idx.is_complex():
+        raise TypeError(f"seq_idx must be an integer tensor of segment ids, got "
+                        f"{getattr(seq_idx, 'dtype', type(seq_idx).__name__)}")
     doc = seq_idx if seq_idx.dim() == 2 else seq_idx.unsqueeze(0)
     if doc.dim() != 2:
         raise ValueError(f"seq_idx must be [B, T] or [T], got shape {tuple(seq_idx.shape)}")
@@ -116,6 +123,15 @@ def _max_document(doc: torch.Tensor) -> int:
     return int(_offsets(doc).max()) + 1 if doc.numel() else 0
 
 
+def _block_size(block_size) -> int:
+    """A BlockMask block is one tile of the FlexAttention kernel (torch's use 64-128 tokens): an int in [1, 2^16]
+    (a huge one sized the mask's tensors by the argument, not the batch)."""
+    block_size = check_int(block_size, "block_size", 1)
+    if block_size > MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size must be in [1, {MAX_BLOCK_SIZE}] (a FlexAttention tile), got {block_size}")
+    return block_size
+
+
 def _create(mask_mod, doc: torch.Tensor, block_size: int):
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -131,6 +147,9 @@ def document_causal_block_mask(seq_idx: torch.Tensor, block_size: int = 128, *,
     ValueError if transformers would use it for a sliding-window / chunked layer whose window is shorter than
     ``max_document`` (default: the longest segment): pass the model's config to :func:`layer_block_masks`.
     """
+    block_size = _block_size(block_size)
+    if max_document is not None:
+        max_document = check_int(max_document, "max_document", 0)
     doc = _documents(seq_idx)
 
     def mask_mod(b, h, q, kv):
@@ -166,6 +185,7 @@ def layer_block_masks(seq_idx: torch.Tensor, config, block_size: int = 128):
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if not getattr(text, "is_causal", True):
         raise ValueError("model_config.is_causal is False (bidirectional attention): packkit's BlockMasks are causal")
+    block_size = _block_size(block_size)
     doc = _documents(seq_idx)
     offset = _offsets(doc)
     masks = LayerBlockMasks()

@@ -16,7 +16,7 @@ import torch
 
 from ..context_parallel import cp_plan_multiple, pack_context_parallel, parse_context_parallel, shard_context_parallel
 from ..context_parallel.shard import CP_OUTPUT_KEYS, check_cp_capacity
-from ..packing.checks import (as_device, check_bool, check_fill, check_pack_scalars, check_separator,
+from ..packing.checks import (as_device, check_bool, check_fill, check_int, check_pack_scalars, check_separator,
                               check_static_shape, integer_tokens)
 from ..packing.buffers import PackBuffers
 from ..packing.fields import check_pad_values, check_policy, prepare_fields
@@ -148,6 +148,7 @@ class PackingCollator:
             mrope = mrope_spec(mrope)
         check_mrope_start(mrope, position_ids_start)
         self.mrope = mrope
+        num_buffers = check_int(num_buffers, "num_buffers", 1)  # checked even when reuse_buffers=False reads none
         self.buffers = PackBuffers(num_buffers) if reuse_buffers else None
         self.context_parallel = parse_context_parallel(context_parallel)
         self._cp_multiple = cp_plan_multiple(self.context_parallel)
@@ -172,7 +173,8 @@ class PackingCollator:
         for i, feature in enumerate(features):
             if isinstance(feature, Mapping):
                 if self.input_key not in feature:
-                    raise ValueError(f"feature {i} has no {self.input_key!r} key (keys: {sorted(feature)})")
+                    raise ValueError(f"feature {i} has no {self.input_key!r} key (the input_key; keys: "
+                                     f"{sorted(feature)})")
                 ids_raw.append(feature[self.input_key])
                 kind = next((k for k in (self.label_key, *LABEL_MASK_KEYS) if feature.get(k) is not None), None)
                 label_kind.append(kind)

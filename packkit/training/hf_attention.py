@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .attention_args import layer_limits, refusal, refuse_unknown, register
+from .attention_args import check_numbers, layer_limits, refusal, refuse_unknown, register
 from .doc_attention import doc_attention, spans
 
 NAME = "packkit_varlen"
@@ -135,6 +135,8 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     if attention_mask is not None:
         raise refusal(NAME, module, "an attention_mask", "varlen attention takes no attention_mask: documents are "
                       "cut by cu_seq_lens_q; drop the mask (a packkit batch has none unless return_block_mask=True)")
+    check_numbers(NAME, module, scaling=scaling, softcap=softcap, sliding_window=sliding_window, dropout=dropout,
+                  max_lengths=(("max_length_q", max_length_q), ("max_length_k", max_length_k)))
     if dropout:
         raise refusal(NAME, module, f"attention dropout ({dropout})", "varlen attention has no dropout; set the "
                       "model config's attention_dropout to 0 or call model.eval()")
@@ -150,8 +152,6 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
             raise refusal(NAME, module, f"attention logit soft-capping (softcap={softcap}) on CUDA",
                           "torch's varlen_attn has no soft-capping; use attn_implementation='flex_attention' or "
                           "'eager' (the CPU per-document attention implements it)")
-        if not (isinstance(softcap, (int, float)) and softcap > 0):
-            raise refusal(NAME, module, f"softcap={softcap!r}", "a soft-cap must be a number > 0 (or None)")
     if s_aux is not None:
         if device == "cuda":
             raise refusal(NAME, module, "attention sinks (s_aux) on CUDA", "torch's varlen_attn cannot apply them "

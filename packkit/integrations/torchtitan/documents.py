@@ -20,7 +20,8 @@ def tokens_of(example, position: int, tokenizer, input_key: str, text_key: str) 
         elif text_key in example:
             text = example[text_key]
         else:
-            raise ValueError(f"example at source position {position} has neither {input_key!r} nor {text_key!r} "
+            raise ValueError(f"example at source position {position} has neither input_key={input_key!r} nor "
+                             f"text_key={text_key!r} "
                              f"(keys: {sorted(example)[:8]})")
     if text is not None:
         if tokenizer is None:

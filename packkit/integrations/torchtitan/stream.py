@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from ...packing.checks import check_bool, check_int
+from ...packing.checks import check_bool, check_fill, check_int, check_static_shape
 from ...planning import step_order
 from ...planning.cost_model import transformer_cost
 from ...planning.planner import plan as make_plan
@@ -80,6 +80,12 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         self.dp_rank = check_int(dp_rank, "dp_rank", 0)
         if self.dp_rank >= self.dp_world_size:
             raise ValueError(f"dp_rank must be in [0, dp_world_size={self.dp_world_size}), got {dp_rank}")
+        # Bounded before anything is sized by them (seq_len=2**31 built a 16 GB cost table; 2**31 ranks reached the
+        # planner's dp_size check, which named dp_size): the loaders' static-shape and rows-per-step rules.
+        check_static_shape(self.local_batch_size, self.seq_len, "local_batch_size x seq_len")
+        if self.dp_world_size * self.local_batch_size > 2**16:  # 2**18 rows per step planned for over 20 s
+            raise ValueError(f"dp_world_size x local_batch_size = {self.dp_world_size * self.local_batch_size} rows "
+                             f"per step; at most 2^16")
         self.buffer_size = check_int(buffer_size, "buffer_size", 1)
         if overlong not in OVERLONG:
             raise ValueError(f"overlong must be one of {', '.join(OVERLONG)}, got {overlong!r}")
@@ -94,6 +100,8 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         self.carry_threshold = float(carry_threshold)
         self.pad_token_id = check_int(pad_token_id, "pad_token_id", 0)
         self.ignore_index = check_int(ignore_index, "ignore_index")
+        check_fill(self.pad_token_id, torch.int64, "pad_token_id")  # 2**64 reached numpy as an OverflowError
+        check_fill(self.ignore_index, torch.int64, "ignore_index")
         if not isinstance(input_key, str) or not isinstance(text_key, str):
             raise TypeError(f"input_key and text_key must be str, got {input_key!r}, {text_key!r}")
         self.input_key, self.text_key = input_key, text_key

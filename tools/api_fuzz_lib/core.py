@@ -1,0 +1,121 @@
+"""The API fuzzer's model: an ``Api`` (a valid baseline call and its invariant checker), the cases drawn for it,
+and how one case is judged (in the child process that runs it)."""
+from __future__ import annotations
+
+import inspect
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .values import Value, draws
+
+CLEAR = (ValueError, TypeError)
+
+
+@dataclass
+class Variant:
+    """A hand-registered case of the classes the signature cannot tell (degenerate input, stale metadata,
+    determinism): ``mutate(kwargs)`` returns the call's keyword arguments (or ``run(api, kwargs)`` does the whole
+    call, e.g. twice with the executor's order perturbed, and returns its result)."""
+    cls: str
+    param: str
+    label: str
+    expect: str
+    mutate: Optional[Callable[[dict], dict]] = None
+    run: Optional[Callable] = None
+
+
+@dataclass
+class Api:
+    name: str
+    fn: Callable                      # whose signature is walked
+    baseline: Callable[[], dict]      # a small valid call, as keyword arguments (built fresh in the child)
+    check: Callable[[object, dict], None]  # raises (AssertionError) unless the result is right for those arguments
+    call: Optional[Callable] = None   # call(**kwargs) -> result; default fn
+    skip: tuple = ()                  # parameters not drawn (documented per API why)
+    aliases: dict = field(default_factory=dict)  # param -> other words a clear message may name it by
+    variants: list = field(default_factory=list)
+
+    def invoke(self, kwargs: dict):
+        return (self.call or self.fn)(**kwargs)
+
+    def params(self) -> list:
+        try:
+            sig = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return []
+        return [p for p in sig.parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in self.skip and p.name != "self"]
+
+    def cases(self) -> list:
+        """[(param, cls, label, expect)], baseline first."""
+        out = [("-", "baseline", "valid", "accept")]
+        base = self.baseline()
+        for p in self.params():
+            value = base.get(p.name, p.default)
+            out += [(p.name, cls, v.label, v.expect) for cls, v in draws(p, value)]
+        out += [(v.param, v.cls, v.label, v.expect) for v in self.variants]
+        return out
+
+    def value(self, param: str, label: str) -> Value:
+        base = self.baseline()
+        for p in self.params():
+            if p.name == param:
+                for _, v in draws(p, base.get(p.name, p.default)):
+                    if v.label == label:
+                        return v
+        raise KeyError(f"{self.name}: no value {label!r} for {param!r}")
+
+    def variant(self, cls: str, param: str, label: str) -> Variant:
+        for v in self.variants:
+            if (v.cls, v.param, v.label) == (cls, param, label):
+                return v
+        raise KeyError(f"{self.name}: no variant {param}/{label}")
+
+
+def _names(exc: BaseException, param: str, aliases: tuple) -> bool:
+    text = str(exc)
+    return any(word in text for word in (param, *aliases))
+
+
+def judge(api: Api, param: str, cls: str, label: str, expect: str) -> dict:
+    """Runs one case here (the child) and says what happened: ``outcome`` is ``clear`` (refused by name),
+    ``checked`` (a result that passed the checker) or ``fail``, with ``detail``."""
+    try:
+        kwargs = api.baseline()
+        run = None
+        if cls == "baseline":
+            pass
+        elif any((v.cls, v.param, v.label) == (cls, param, label) for v in api.variants):
+            variant = api.variant(cls, param, label)
+            kwargs = variant.mutate(kwargs) if variant.mutate else kwargs
+            run = variant.run
+        else:
+            kwargs[param] = api.value(param, label).make()
+    except Exception as exc:  # noqa: BLE001 - a harness error is reported as such, never as a pass
+        return {"outcome": "fail", "detail": f"harness: {type(exc).__name__}: {exc}"}
+    words = (param, *api.aliases.get(param, ()))
+    try:
+        result = run(api, kwargs) if run else api.invoke(kwargs)
+    except CLEAR as exc:
+        text = f"{type(exc).__name__}: {exc}"[:400]
+        if expect == "accept":
+            return {"outcome": "fail", "detail": f"refused a valid call: {text}"}
+        if not _names(exc, words[0], words[1:]):
+            return {"outcome": "fail", "detail": f"message does not name {words[0]!r}: {text}"}
+        return {"outcome": "clear", "detail": text}
+    except MemoryError:
+        return {"outcome": "fail", "detail": "MemoryError: allocation out of proportion to the input"}
+    except Exception as exc:  # noqa: BLE001 - any other type is the finding
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return {"outcome": "fail", "detail": f"{type(exc).__name__} (not a clear error) at "
+                f"{where.filename.rsplit('/', 1)[-1]}:{where.lineno}: {exc}"[:400]}
+    if expect == "refuse":
+        return {"outcome": "fail", "detail": f"accepted silently: {type(result).__name__}"}
+    try:
+        api.check(result, kwargs)
+    except Exception as exc:  # noqa: BLE001
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return {"outcome": "fail", "detail": f"wrong result ({type(exc).__name__} at line {where.lineno}: "
+                f"{exc})"[:400]}
+    return {"outcome": "checked", "detail": "ok"}

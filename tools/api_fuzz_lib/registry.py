@@ -1,0 +1,103 @@
+"""Which public callables exist (packkit.__all__, packkit.rl, packkit.shared_prefix, packkit.integrations.*,
+the CLI) and the registrations that fuzz them. ``uncovered`` lists what has neither a registration nor a
+reason in ``NOT_CALLED`` (tests/test_api_fuzz.py keeps that list empty)."""
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from . import reg_core, reg_extra, reg_more, reg_rl_sp
+
+MODULES = ("packkit", "packkit.rl", "packkit.shared_prefix", "packkit.integrations.megatron",
+           "packkit.integrations.verl", "packkit.integrations.verl_shared_prefix", "packkit.integrations.torchtitan",
+           "packkit.integrations.axolotl", "packkit.integrations.swift", "packkit.integrations.llamafactory")
+
+# Public names that are not fuzzed by calling them, and why.
+NOT_CALLED = {
+    "packkit.Segments": "a NamedTuple of plan arrays (its fields are checked by every plan's checker)",
+    "packkit.PackLayout": "a NamedTuple returned by pack_layout (checked there)",
+    "packkit.PackInfo": "returned by pack_sequences(return_info=True); fuzzed as unpack_sequences' stale info",
+    "packkit.PackReport": "a report dataclass returned by pack_dataset(return_report=True)",
+    "packkit.PackBuffers": "fuzzed through pack_sequences(out=) in tests/test_buffer_reuse.py; its constructor "
+                           "takes the same counts as PackingCollator(num_buffers=)",
+    "packkit.register_varlen_attention": "registers a name with transformers (a str argument, checked)",
+    "packkit.check_plan": "the raw plan tensors' check (tests/fuzz/ 'ops' target fuzzes it under the sanitizers)",
+    "packkit.shared_prefix.register_attention": "registers a name with transformers",
+    "packkit.shared_prefix.SharedPrefixAttention": "a torch.nn.Module wrapper used by register_attention",
+    "packkit.shared_prefix.SharedPrefixInfo": "metadata returned by pack_groups (fuzzed as stale info)",
+    "packkit.shared_prefix.RolloutGroupsInfo": "metadata returned by pack_rollout_groups (fuzzed as stale info)",
+    "packkit.shared_prefix.CompletionLogprobs": "a result type",
+    "packkit.shared_prefix.PrefixForest": "a result type (hand-made ones: check_forest, fuzzed)",
+    "packkit.shared_prefix.TreePlan": "a result type",
+    "packkit.shared_prefix.VisionReport": "a result type",
+    "packkit.rl.MicroBatches": "a result type (its rank() is fuzzed)",
+    "packkit.rl.RolloutLayout": "a result type (fuzzed as a stale layout)",
+    "packkit.rl.RolloutInfo": "a result type (fuzzed as stale info)",
+    "packkit.PackedRowsCollator": "NOT YET: a padded collator of pack_dataset rows (its checks are "
+                                  "PackingCollator's planned_rows path, which is fuzzed)",
+    "packkit.mrope_position_ids": "NOT YET: needs a Qwen-VL config and processor-shaped inputs per draw",
+    "packkit.shared_prefix.shared_prefix_attention_forward": "NOT YET directly; its numeric arguments go through "
+                                                            "attention_args.check_numbers, fuzzed via varlen",
+    "packkit.integrations.verl.balance_batch": "NOT YET: needs a verl DataProto (tests/test_rl_verl.py)",
+    "packkit.integrations.verl.rearrange_micro_batches": "NOT YET: needs a verl DataProto",
+    "packkit.integrations.verl.install": "patches verl (no data argument)",
+    "packkit.integrations.verl_shared_prefix.shared_prefix_log_probs": "NOT YET: needs a model and a verl batch",
+    "packkit.integrations.torchtitan.PackkitDataLoader": "NOT YET: needs a torchtitan job config; its stream "
+                                                          "(BalancedDocumentStream) is fuzzed",
+    "packkit.integrations.torchtitan.torchtitan_cost": "NOT YET: needs a torchtitan model config",
+    "packkit.integrations.axolotl.MultipackBatchSampler": "NOT YET: trainer integrations (axolotl, ms-swift, "
+                                                           "LLaMA-Factory) were being edited by another helper",
+    "packkit.integrations.axolotl.default_dp_size": "reads torch.distributed (no argument)",
+    "packkit.integrations.swift.default_dp_size": "reads torch.distributed (no argument)",
+}
+TRAINER_INTEGRATIONS = ("packkit.integrations.llamafactory.", "packkit.integrations.swift.")
+
+
+def public_names() -> list:
+    """Dotted names of every public callable/class in MODULES (constants are left out)."""
+    out = []
+    for modname in MODULES:
+        try:
+            mod = importlib.import_module(modname)
+        except Exception:  # noqa: BLE001 - an integration whose framework is absent here
+            continue
+        names = getattr(mod, "__all__", None) or [n for n, o in vars(mod).items() if not n.startswith("_")
+                                                  and getattr(o, "__module__", None) == modname]
+        for n in names:
+            try:
+                obj = getattr(mod, n, None)
+            except ImportError:  # a lazy name whose framework is absent here (axolotl, ms-swift, ...)
+                continue
+            if obj is None or inspect.ismodule(obj) or not callable(obj):
+                continue
+            if getattr(obj, "__module__", "") and not str(obj.__module__).startswith("packkit"):
+                continue
+            out.append(f"{modname}.{n}")
+    return sorted(set(out))
+
+
+# Imported by the parent before it forks: each child would otherwise import them again (seconds each).
+PRELOAD = ("megatron.core.packed_seq_params", "torch.nn.attention.flex_attention", "datasets", "transformers",
+           "packkit.integrations.torchtitan", "packkit.analyze.cli")
+
+
+def preload() -> None:
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - absent here: its APIs are not registered either
+            pass
+
+
+def build() -> dict:
+    reg: dict = {}
+    for module in (reg_core, reg_rl_sp, reg_more, reg_extra):
+        module.register(reg)
+    return reg
+
+
+def uncovered(reg: dict) -> list:
+    covered = {name.split(" ")[0] for name in reg}
+    return [n for n in public_names() if n not in covered and n not in NOT_CALLED
+            and not n.startswith(TRAINER_INTEGRATIONS)  # NOT YET: edited by another helper in this round
+            and not any(c.startswith(n + ".") for c in covered)]
