@@ -124,7 +124,7 @@ def test_bad_out_and_num_buffers():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="num_buffers must be a positive int"):
             PackBuffers(bad)
-    with pytest.raises(ValueError, match="num_buffers must be a positive int"):
+    with pytest.raises(ValueError, match="num_buffers must be >= 1"):
         PackingCollator(reuse_buffers=True, num_buffers=0)
 
 

@@ -41,6 +41,15 @@ NOT_CALLED = {
     "packkit.integrations.verl.balance_batch": "NOT YET: needs a verl DataProto (tests/test_rl_verl.py)",
     "packkit.integrations.verl.rearrange_micro_batches": "NOT YET: needs a verl DataProto",
     "packkit.integrations.verl.install": "patches verl (no data argument)",
+    "packkit.integrations.verl_shared_prefix.MultiTurnTree": "a result type of multi_turn_tree_batch",
+    "packkit.integrations.verl_shared_prefix.multi_turn_tree_batch": "NOT YET: verl-shaped [B, S] masks per draw "
+                                                                     "(tests/test_shared_prefix_verl_multiturn.py)",
+    "packkit.prepare_model": "NOT YET: needs a model per draw (tests/test_prepare_model.py; its path argument is "
+                             "checked by name)",
+    "packkit.unprepare_model": "NOT YET: needs a prepared model (tests/test_prepare_model.py)",
+    "packkit.packing_support": "NOT YET: needs a config per draw (tests/test_prepare_model.py)",
+    "packkit.shared_prefix.ppo_token_mean_loss": "NOT YET: needs pack_tree log-probs and values per draw "
+                                                 "(tests/test_shared_prefix_agentic.py)",
     "packkit.integrations.verl_shared_prefix.shared_prefix_log_probs": "NOT YET: needs a model and a verl batch",
     "packkit.integrations.torchtitan.PackkitDataLoader": "NOT YET: needs a torchtitan job config; its stream "
                                                           "(BalancedDocumentStream) is fuzzed",
