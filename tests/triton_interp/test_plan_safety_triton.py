@@ -23,7 +23,7 @@ from packkit.triton_kernels import pack as tk  # noqa: E402
 from plan_perturb import bad_case  # noqa: E402
 
 OPS = torch.ops.packkit
-EXAMPLES = int(os.environ.get("PACKKIT_SAFETY_EXAMPLES", "1000"))
+EXAMPLES = int(os.environ.get("PACKKIT_SAFETY_EXAMPLES", "300"))  # CI budget since every launch runs sentinel-guarded; raise it by hand
 
 
 def _raises(fn):
