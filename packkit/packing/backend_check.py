@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from . import ops as _ops
+import packkit.packing.ops as _ops  # the module, not the package: no import circle through packkit.packing
 
 FORCE_ENV = "PACKKIT_BACKEND"
 FORCED = ("cuda", "triton", "cpu")
