@@ -20,6 +20,7 @@ stream after a resume is the stream without one.
 """
 from __future__ import annotations
 
+import logging
 import numbers
 import numpy as np
 import torch
@@ -30,12 +31,14 @@ from ...planning import step_order
 from ...planning.cost_model import transformer_cost
 from ...planning.planner import plan as make_plan
 from ...training.sampler.args import cost_tag
+from ..start_line import stream_start_line
 from .documents import fetch_documents, is_one_shot, iterable_of, read_documents, tokens_of
 
 OVERLONG = ("split", "drop", "error")
 STATE_VERSION = 2  # 2: steps in a seeded order (1: the planner's, longest documents first)
 MIN_BUFFER_STEPS = 4  # a buffer holds at least this many steps of tokens (part of the state's plan key)
 _STAT_KEYS = ("documents", "pieces", "split", "dropped", "zero_length", "steps", "rows", "tokens")
+LOG = logging.getLogger(__name__)  # torchtitan's init_logger() puts a handler on the root logger: its log shows this
 
 
 class BalancedDocumentStream(torch.utils.data.IterableDataset):
@@ -62,6 +65,10 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             into the next buffer (re-planned with its documents) while the source goes on, at most
             ``max_carries`` times per piece (0: never).
         pad_token_id, ignore_index: row padding (its own position run from 0, labels ``ignore_index``).
+
+    The first buffer it plans, dp rank 0 logs (INFO, this module's logger) ``packkit: first buffer N steps on R
+    ranks, balance B, efficiency E; streaming, steps per epoch unknown up front``; the figures are also
+    ``first_buffer`` (None until then).
     """
 
     def __init__(self, source, *, seq_len: int, local_batch_size: int, dp_rank: int = 0, dp_world_size: int = 1,
@@ -117,6 +124,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
                           "shuffle": self.shuffle, "seed": self.seed}
         self._state = self._fresh_state(0)
         self.stats = dict.fromkeys(_STAT_KEYS, 0)  # of this process (not restored by a resume)
+        self.first_buffer = None  # {"steps", "ranks", "balance", "efficiency"} of the first buffer this process planned
 
     # ------------------------------------------------------------------------------------------ state
     def _fresh_state(self, epoch: int) -> dict:
@@ -247,6 +255,19 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         order = step_order.order_steps(len(whole), shuffle=self.shuffle, rng=rng, keys=keys)
         return [whole[k] for k in order.tolist()] + partial
 
+    def _announce(self, planned, steps: list, lengths: np.ndarray) -> None:
+        """The start line's figures for a buffer's steps (the carried last step excluded): balance across the dp
+        ranks (each rank's cost is the sum of its ``local_batch_size`` rows) and real tokens per row slot."""
+        n, B = len(steps), self.local_batch_size
+        costs = planned.rank_costs[:n].reshape(n, self.dp_world_size, B).sum(axis=2)
+        mean = float(costs.mean(axis=1).sum())
+        tokens = sum(int(lengths[i]) for s in steps for b in s for i in b)
+        self.first_buffer = {"steps": n, "ranks": self.dp_world_size,
+                             "balance": float(costs.max(axis=1).sum()) / mean if mean > 0 else 1.0,
+                             "efficiency": tokens / (n * self.dp_world_size * B * self.seq_len)}
+        if self.dp_rank == 0:  # one line, not one per rank (every rank plans the same buffer)
+            LOG.info(stream_start_line(**self.first_buffer))
+
     def _epoch_pass(self):
         st = self._state
         carried = self._carried(st["carry"])
@@ -283,6 +304,8 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             if (not exhausted and len(steps) > 1 and fill < self.carry_threshold
                     and all(ages[i] < self.max_carries for b in last for i in b)):
                 carry = [i for b in steps.pop() for i in b]
+            if self.first_buffer is None:
+                self._announce(planned, steps, lengths)
             steps = self._ordered(steps, lengths, pool, st)
             for s in range(st["steps_done"], len(steps)):
                 st["steps_done"] = s + 1  # set before the yield: a state taken now resumes after this step

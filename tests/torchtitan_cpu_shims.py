@@ -1,0 +1,79 @@
+"""CPU shims for torchtitan 0.3.0's trainer, used only by tests/test_torchtitan_entry.py (imported in the child by
+tests/entry_site/sitecustomize.py when ``PACKKIT_TT_PROBE`` is set, before ``torchtitan.train`` runs).
+
+``python -m torchtitan.train`` has no CPU device. Each shim replaces one GPU-only piece of torchtitan's runtime (or
+a torch 2.13 gap); none touches packkit, the dataloader or the data path:
+
+1. device: ``torchtitan.tools.utils`` picks ``"cuda"`` when no accelerator is found; here ``"cpu"``, with a
+   ``torch.cuda``-like module (``set_device``, ``current_device`` -> 0 for gloo's barrier, ``synchronize``).
+2. memory statistics: that module's ``memory_stats`` / ``get_device_properties`` / ``reset_peak_memory_stats``,
+   which torchtitan's metrics read every step (``torch.cpu`` has none); they report nothing (0 bytes).
+3. Flex backward: torch refuses FlexAttention's backward on CPU; attention runs as SDPA under the dense mask of the
+   same ``BlockMask``'s ``mask_mod`` (torchtitan's causal + per-document mask from the batch's positions).
+4. torchtitan compiles ``create_block_mask`` with inductor, a C++ build costing ~30 s of CPU here: it runs eagerly.
+5. ``torch.distributed.set_timeout`` (torchtitan calls it after step 1) is missing in torch 2.13: set through
+   ``distributed_c10d._set_pg_timeout``.
+6. torchtitan imports ``torch.utils.tensorboard`` unconditionally; where tensorboard is not installed (CI's venv) a
+   stub whose ``SummaryWriter`` refuses use stands in (``metrics.enable_tensorboard`` stays False).
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+try:
+    import tensorboard  # noqa: F401
+except ModuleNotFoundError:
+    class _NoSummaryWriter:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("tensorboard is not installed (test stub of torchtitan_cpu_shims)")
+
+    _stub = types.ModuleType("torch.utils.tensorboard")
+    _stub.SummaryWriter = _NoSummaryWriter
+    sys.modules["torch.utils.tensorboard"] = _stub
+
+# 1 + 2: before any torchtitan module binds ``device_type`` / ``device_module`` by name.
+import torchtitan.tools.utils as _tt_utils  # noqa: E402
+
+CPU_DEVICE = types.SimpleNamespace(
+    is_available=lambda: True,
+    device_count=lambda: 1,
+    set_device=lambda device: None,
+    current_device=lambda: 0,
+    synchronize=lambda device=None: None,
+    empty_cache=lambda: None,
+    get_device_name=lambda device=None: "cpu",
+    get_device_properties=lambda device=None: types.SimpleNamespace(total_memory=1 << 30),
+    reset_peak_memory_stats=lambda device=None: None,
+    memory_stats=lambda device=None: {},
+)
+_tt_utils.device_type, _tt_utils.device_module = "cpu", CPU_DEVICE
+
+# 3 + 4
+from torch.nn.attention.flex_attention import AuxOutput, create_block_mask, create_mask  # noqa: E402
+
+import torchtitan.models.common.attention as _tt_attention  # noqa: E402
+
+
+def _flex_as_sdpa(q, k, v, *, score_mod, block_mask, scale, enable_gqa, return_aux, kernel_options):
+    if score_mod is not None or return_aux.lse:
+        raise NotImplementedError("torchtitan_cpu_shims: only mask-only FlexAttention without lse")
+    mask = create_mask(block_mask.mask_mod, q.shape[0], 1, q.shape[-2], k.shape[-2], device=q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa), AuxOutput()
+
+
+_tt_attention.FlexAttention._compiled_flex_attn = _flex_as_sdpa
+_tt_attention._compiled_create_block_mask = create_block_mask
+
+# 5
+if not hasattr(dist, "set_timeout"):
+    from torch.distributed import distributed_c10d as _c10d
+
+    def _set_timeout(timeout, group=None):
+        _c10d._set_pg_timeout(timeout, group)
+
+    dist.set_timeout = _set_timeout
