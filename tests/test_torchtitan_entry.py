@@ -77,27 +77,41 @@ def assets(tmp_path_factory):
     return root, texts, tokenizer
 
 
-def train(root: Path, config: str) -> tuple[str, dict]:
-    """``python -m torchtitan.train`` on 1 rank (the environment torchrun gives it); its output and the probe."""
+def train(root: Path, config: str, ranks: int, *args: str) -> tuple[str, list[dict]]:
+    """``torchrun --nproc_per_node <ranks> -m torchtitan.train`` (``python -m torch.distributed.run``, what the
+    ``torchrun`` script runs) for 2 ranks, ``python -m torchtitan.train`` in the environment torchrun gives 1 rank;
+    its output and each rank's probe."""
     probe = root / f"probe-{config}.json"
-    cmd = [PYTHON, "-m", "torchtitan.train", "--module", "torchtitan_entry_config", "--config", config]
+    titan = ["-m", "torchtitan.train", "--module", "torchtitan_entry_config", "--config", config, *args]
     for attempt in range(3):  # the free port can be taken between probing and binding
-        env = {"PYTHONPATH": str(HERE / "entry_site"), "PACKKIT_TT_PROBE": str(probe), "PACKKIT_TT_ROOT": str(root),
-               "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo"}
+        port = str(free_port())
+        env = {"PYTHONPATH": str(HERE / "entry_site"), "PACKKIT_TT_PROBE": str(probe), "PACKKIT_TT_ROOT": str(root)}
+        if sys.platform.startswith("linux"):
+            env["GLOO_SOCKET_IFNAME"] = "lo"  # containers without a resolvable hostname
+        if ranks == 1:
+            cmd = [PYTHON, *titan]
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=port)
+        else:
+            cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
+                   "127.0.0.1", "--master_port", port, *titan]
         try:
             out = run(cmd, cwd=root, env=env, timeout=900)
             break
         except AssertionError as exc:
-            if attempt == 2 or "Address already in use" not in str(exc):
+            if attempt == 2 or "address already in use" not in str(exc).lower():
                 raise
-    return out, json.loads(Path(f"{probe}.rank0").read_text())
+    return out, [json.loads(Path(f"{probe}.rank{r}").read_text()) for r in range(ranks)]
 
 
-def losses(output: str) -> list[float]:
-    found = [(int(s), float(x)) for s, x in LOSS.findall(output)]
-    assert [s for s, _ in found] == list(range(1, STEPS + 1)), output[-3000:]
-    return [x for _, x in found]
+def losses(output: str, ranks: int) -> list[float]:
+    """The loss torchtitan logs at each step (every rank logs the same global loss)."""
+    found = {}
+    for step, loss in LOSS.findall(output):
+        found.setdefault(int(step), []).append(float(loss))
+    assert sorted(found) == list(range(1, STEPS + 1)), output[-3000:]
+    assert all(len(v) == ranks and len(set(v)) == 1 for v in found.values()), found
+    return [found[s][0] for s in sorted(found)]
 
 
 def documents(batch: dict) -> list[tuple]:
@@ -112,46 +126,55 @@ def documents(batch: dict) -> list[tuple]:
     return docs
 
 
-def test_torchtitan_train_entry_runs_packkits_loader(assets):
+def test_torchtitan_train_entry_runs_packkits_loader_on_two_ranks(assets):
     root, texts, tokenizer = assets
-    out, rec = train(root, "packkit_tiny")
-    control_out, control = train(root, "torchtitan_tiny")
+    # torch 2.13's fully_shard refuses torchtitan 0.3.0's default spmd_types parameters when dp_shard > 1.
+    out, recs = train(root, "packkit_tiny", 2, "--parallelism.spmd_backend", "partial_dtensor")
+    # The control: torchtitan's own loader on the same documents, 1 rank with the same global batch (4 rows).
+    control_out, (control,) = train(root, "torchtitan_tiny", 1, "--training.local_batch_size", str(2 * BATCH))
 
-    # The loader torchtitan's Trainer built and ran, and the steps it ran.
-    assert rec["loader"] == "packkit.integrations.torchtitan.loader.PackkitDataLoader"
+    # The loader torchtitan's Trainer built and ran on each rank, and the steps it ran.
+    assert [r["loader"] for r in recs] == ["packkit.integrations.torchtitan.loader.PackkitDataLoader"] * 2
     assert control["loader"] == "torchtitan.hf_datasets.text_datasets.HuggingFaceTextDataLoader"
-    assert rec["steps"] == control["steps"] == STEPS == len(rec["batches"]) == len(control["batches"])
+    assert [r["steps"] for r in recs] == [len(r["batches"]) for r in recs] == [STEPS, STEPS] == [control["steps"]] * 2
 
-    # Every step is the step packkit's stream plans for these documents, under the model's cost
-    # (torchtitan_cost of the config's model: 2 layers, dim 64, 4 heads of 16, FFN 256, vocab 320).
+    # Every step of every rank is that rank's rows of the step packkit's stream plans for these documents under
+    # the model's cost (torchtitan_cost of the config's model: 2 layers, dim 64, 4 heads of 16, FFN 256, vocab 320).
     cost = transformer_cost(hidden_size=64, num_layers=2, vocab_size=VOCAB, num_heads=4, num_kv_heads=4,
                             head_dim=16, intermediate_size=256)
-    stream = BalancedDocumentStream(datasets.load_from_disk(str(root / "data")), seq_len=SEQ_LEN,
-                                    local_batch_size=BATCH, tokenizer=tokenizer, cost=cost, infinite=True)
-    it = iter(stream)
-    for step, got in enumerate(rec["batches"]):
-        inputs, labels = next(it)
-        assert got == {"input": inputs["input"].tolist(), "positions": inputs["positions"].tolist(),
-                       "labels": labels.tolist()}, f"step {step + 1}"
+    source = datasets.load_from_disk(str(root / "data"))
+    streams = [BalancedDocumentStream(source, seq_len=SEQ_LEN, local_batch_size=BATCH, dp_rank=r, dp_world_size=2,
+                                      tokenizer=tokenizer, cost=cost, infinite=True) for r in range(2)]
+    for rank, (rec, stream) in enumerate(zip(recs, streams)):
+        it = iter(stream)
+        for step, got in enumerate(rec["batches"]):
+            inputs, labels = next(it)
+            assert got == {"input": inputs["input"].tolist(), "positions": inputs["positions"].tolist(),
+                           "labels": labels.tolist()}, f"rank {rank} step {step + 1}"
     # ... rows of whole documents; torchtitan's own loader cuts documents at row ends (the control fails it).
     whole = {tuple(tokenizer.encode(t, add_bos=True, add_eos=True)) for t in texts}
-    ours = [d for b in rec["batches"] for d in documents(b)]
-    assert len(ours) > 2 * STEPS * BATCH and all(d in whole for d in ours)
+    ours = [d for rec in recs for b in rec["batches"] for d in documents(b)]
+    assert len(ours) > 4 * STEPS * BATCH and all(d in whole for d in ours)
     assert any(d not in whole for b in control["batches"] for d in documents(b))
+    # ... and balanced: each step's costliest rank against the step's mean, over the steps run.
+    a, b = cost
+    step_costs = [[sum(a * (len(d) - 1) + b * (len(d) - 1) ** 2 for d in documents(rec["batches"][s])) for rec in recs]
+                  for s in range(STEPS)]
+    assert sum(max(c) for c in step_costs) / sum(sum(c) / 2 for c in step_costs) < 1.05, step_costs
 
-    # The start line, once, in torchtitan's log (its root-logger format), with the stream's first-buffer figures.
+    # The start line, once (dp rank 0), in torchtitan's log (its root-logger format), with the stream's figures.
     lines = START.findall(out)
     assert len(lines) == 1, out[-3000:]
     line, n, ranks, balance, efficiency = lines[0]
-    fb = stream.first_buffer
-    assert (int(n), int(ranks)) == (fb["steps"], 1) and n == str(rec["first_buffer"]["steps"])
-    assert line == (f"packkit: first buffer {fb['steps']} steps on 1 ranks, balance {fb['balance']:.5f}, "
+    fb = streams[0].first_buffer
+    assert fb == streams[1].first_buffer == recs[0]["first_buffer"] == recs[1]["first_buffer"]
+    assert line == (f"packkit: first buffer {fb['steps']} steps on 2 ranks, balance {fb['balance']:.5f}, "
                     f"efficiency {fb['efficiency']:.4f}; streaming, steps per epoch unknown up front")
-    assert int(n) > STEPS and float(balance) == 1.0 and 0.8 < float(efficiency) <= 1.0
+    assert int(n) > STEPS and 1.0 <= float(balance) < 1.01 and 0.8 < float(efficiency) <= 1.0
     assert START.findall(control_out) == []
 
-    # The loss: finite, falling, and close to the control's (same model, seed and documents; other rows).
-    ours, theirs = losses(out), losses(control_out)
+    # The loss: finite, falling, and close to the control's (same model, seed, documents and global batch).
+    ours, theirs = losses(out, 2), losses(control_out, 1)
     assert all(math.isfinite(x) for x in ours + theirs)
-    assert sum(ours[-3:]) / 3 < ours[0] - 0.2 and sum(theirs[-3:]) / 3 < theirs[0] - 0.2
+    assert sum(ours[-3:]) / 3 < ours[0] - 0.2 and sum(theirs[-3:]) / 3 < theirs[0] - 0.2, (ours, theirs)
     assert abs(sum(ours) / STEPS - sum(theirs) / STEPS) <= 0.05 * sum(theirs) / STEPS, (ours, theirs)

@@ -13,7 +13,10 @@ a torch 2.13 gap); none touches packkit, the dataloader or the data path:
 4. torchtitan compiles ``create_block_mask`` with inductor, a C++ build costing ~30 s of CPU here: it runs eagerly.
 5. ``torch.distributed.set_timeout`` (torchtitan calls it after step 1) is missing in torch 2.13: set through
    ``distributed_c10d._set_pg_timeout``.
-6. torchtitan imports ``torch.utils.tensorboard`` unconditionally; where tensorboard is not installed (CI's venv) a
+6. gloo has no ``ReduceOp.PREMUL_SUM``, which FSDP's reduce-scatter uses once torchtitan sets the gradient divide
+   factor to 1 (it normalises by the global token count itself); with more than one rank, FSDP is told to reduce
+   with a plain SUM, the same sum (a factor of 1 divides nothing).
+7. torchtitan imports ``torch.utils.tensorboard`` unconditionally; where tensorboard is not installed (CI's venv) a
    stub whose ``SummaryWriter`` refuses use stands in (``metrics.enable_tensorboard`` stays False).
 """
 from __future__ import annotations
@@ -36,7 +39,7 @@ except ModuleNotFoundError:
     _stub.SummaryWriter = _NoSummaryWriter
     sys.modules["torch.utils.tensorboard"] = _stub
 
-# 1 + 2: before any torchtitan module binds ``device_type`` / ``device_module`` by name.
+# 7 above; 1 + 2: before any torchtitan module binds ``device_type`` / ``device_module`` by name.
 import torchtitan.tools.utils as _tt_utils  # noqa: E402
 
 CPU_DEVICE = types.SimpleNamespace(
@@ -77,3 +80,19 @@ if not hasattr(dist, "set_timeout"):
         _c10d._set_pg_timeout(timeout, group)
 
     dist.set_timeout = _set_timeout
+
+# 6
+import torchtitan.distributed.fsdp as _tt_fsdp  # noqa: E402
+from torch.distributed.fsdp import FSDPModule  # noqa: E402
+
+_disable_division = _tt_fsdp.disable_fsdp_gradient_division
+
+
+def _disable_division_summing(model):
+    _disable_division(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
+
+
+_tt_fsdp.disable_fsdp_gradient_division = _disable_division_summing
