@@ -11,7 +11,9 @@ if os.environ.get("PACKKIT_LF_PROBE"):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import entry_probe_llamafactory  # noqa: F401  (patches transformers.Trainer.__init__)
 
-if os.environ.get("PACKKIT_TT_PROBE"):  # tests/test_torchtitan_entry.py: CPU shims, then the probe
+# tests/test_torchtitan_entry.py: CPU shims, then the probe, in trainer processes only (torchrun sets LOCAL_RANK for
+# the ranks it starts, not for itself: its own process has no use for torchtitan's ~5 s of imports).
+if os.environ.get("PACKKIT_TT_PROBE") and "LOCAL_RANK" in os.environ:
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
