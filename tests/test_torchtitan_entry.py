@@ -1,16 +1,18 @@
-"""torchtitan's own entry point, ``python -m torchtitan.train --module torchtitan_entry_config --config
-packkit_tiny``, with packkit's ``PackkitDataLoader`` wired in as docs/torchtitan.md says (tests/
-torchtitan_entry_config.py), on a tiny torchtitan Llama 3 (2 layers, dim 64), a byte-level BPE tokenizer trained in
-the test and a local ``save_to_disk`` dataset (no hub), 1 rank on CPU; and ``--config torchtitan_tiny``
-(torchtitan's own text dataloader on the same documents) as the control.
+"""torchtitan's own entry point with packkit's ``PackkitDataLoader`` wired in as docs/torchtitan.md says:
+``torchrun --nproc_per_node 2 -m torchtitan.train --module torchtitan_entry_config --config packkit_tiny`` (2 gloo
+ranks; tests/torchtitan_entry_config.py) on a tiny torchtitan Llama 3 (2 layers, dim 64), a byte-level BPE tokenizer
+trained in the test and a local ``save_to_disk`` dataset (no hub); the control, ``python -m torchtitan.train ...
+--config torchtitan_tiny``, is torchtitan's own text dataloader on the same documents, 1 rank with the same global
+batch.
 
-torchtitan 0.3.0 has no CPU device: tests/torchtitan_cpu_shims.py (loaded in the child only, through
+torchtitan 0.3.0 has no CPU device: tests/torchtitan_cpu_shims.py (loaded in the trainer processes only, through
 tests/entry_site/sitecustomize.py) replaces its GPU-only pieces, none on the data path. A probe
 (tests/entry_probe_torchtitan.py) records the dataloader class torchtitan's Trainer built and every micro-batch
-that reached the model. Asserted: packkit's loader class; every step's batch is exactly the step packkit's stream
-plans for these documents (rows of whole documents, positions restarting per document), where the control's
-batches cut documents at row ends; packkit's start line in torchtitan's log, once, with that stream's figures; the
-loss finite, falling, and close to the control's.
+that reached the model. Asserted: packkit's loader class on each rank; every step of each rank is exactly that
+rank's rows of the step packkit's stream plans for these documents (whole documents, positions restarting per
+document, steps balanced), where the control's batches cut documents at row ends; packkit's start line in
+torchtitan's log, once, with that stream's figures; the loss finite, falling, and close to the control's.
+Cost: ~52 s of CPU on the 2-core machine (each trainer process ~12 s, nearly all torchtitan's imports).
 """
 from __future__ import annotations
 
