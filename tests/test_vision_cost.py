@@ -111,7 +111,7 @@ def _array(grids) -> np.ndarray:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(grids=_grids)
 def test_pairs_equal_the_segments_each_block_attends(family, grids):
     images, videos = _array(grids[0]), _array(grids[1])
@@ -197,3 +197,13 @@ def test_bad_input_is_named():
         packkit.vision_cost(config)
     with pytest.raises(TypeError, match="train_vision"):
         packkit.vision_cost(_config("qwen2_vl"), train_vision=1)
+
+
+def test_qwen3_vl_moe_has_the_qwen3_vl_tower():
+    vision = _config("qwen3_vl").vision_config.to_dict()
+    vision.pop("model_type", None)
+    moe = transformers.Qwen3VLMoeConfig(vision_config=vision)
+    grids = np.array([[1, 6, 10], [3, 4, 4]])
+    assert packkit.vision_cost(moe)(grids) == packkit.vision_cost(_config("qwen3_vl"))(grids) > 0
+    with pytest.raises(TypeError, match="image_grids or video_grids"):
+        packkit.vision_cost(moe).per_sample(None)

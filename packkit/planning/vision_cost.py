@@ -172,6 +172,8 @@ class VisionCost:
 
     def per_sample(self, image_grids, video_grids=None) -> np.ndarray:
         """One sample's cost per entry of ``image_grids`` (and ``video_grids``, aligned): float64 ``[n]``."""
+        if image_grids is None and video_grids is None:
+            raise TypeError("per_sample needs image_grids or video_grids (one entry per sample)")
         n = len(image_grids) if image_grids is not None else len(video_grids)
         if video_grids is not None and image_grids is not None and len(video_grids) != n:
             raise ValueError(f"video_grids has {len(video_grids)} entries for {n} samples in image_grids")
