@@ -176,7 +176,11 @@ def sampler_api() -> Api:
     return Api("packkit.PackedBatchSampler", PackedBatchSampler, base, check, call=use, skip=("group",),
                variants=[Variant("degenerate", "lengths", "empty", "either", lambda kw: {**kw, "lengths": []}),
                          Variant("degenerate", "lengths", "all zero", "either", lambda kw: {**kw, "lengths": [0, 0]}),
-                         Variant("determinism", "seed", "same seed twice", "accept", run=_twice)])
+                         Variant("determinism", "seed", "same seed twice", "accept", run=_twice),
+                         Variant("degenerate", "extra_cost", "uneven", "accept",
+                                 lambda kw: {**kw, "extra_cost": np.arange(len(kw["lengths"])) * 1e3}),
+                         Variant("degenerate", "extra_cost", "inf", "refuse",
+                                 lambda kw: {**kw, "extra_cost": [float("inf")] * len(kw["lengths"])})])
 
 
 def streaming_api() -> Api:
