@@ -7,7 +7,8 @@ model families pack exactly on which path, ``prepare_model``) ->
 ``tools`` and ``analyze`` (command line, demo, dataset reports). Everything a user needs is re-exported here.
 """
 from ._version import __version__
-from .planning import ALGORITHMS, OVERLONG_POLICIES, PLAN_ERRORS, Plan, Segments, check_plan, plan, transformer_cost
+from .planning import (ALGORITHMS, OVERLONG_POLICIES, PLAN_ERRORS, Plan, Segments, check_plan, plan, transformer_cost,
+                       vision_cost)
 from .packing import (LAYOUTS, PackBuffers, PackInfo, PackLayout, mrope_position_ids, ops, pack_layout, pack_on_device,
                       pack_sequences, unpack_sequences)
 from .models import packing_support, prepare_model, unprepare_model  # per-family verdicts, stand-ins
@@ -22,7 +23,7 @@ __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_
            "pack_layout", "check_plan", "PLAN_ERRORS", "PackLayout", "PackInfo", "LAYOUTS",
            "PackingCollator", "document_causal_block_mask",
            "PackedBatchSampler", "PackedIterableDataset", "pack_dataset", "PackReport",
-           "PackedRowsCollator", "mrope_position_ids", "PackBuffers", "transformer_cost",
+           "PackedRowsCollator", "mrope_position_ids", "PackBuffers", "transformer_cost", "vision_cost",
            "register_varlen_attention", "varlen_attention_forward",
            "shard_context_parallel", "unshard_context_parallel", "pack_context_parallel",
            "prepare_model", "unprepare_model", "packing_support"]

@@ -138,7 +138,7 @@ PUBLIC_API = ["ALGORITHMS", "LAYOUTS", "OVERLONG_POLICIES", "PLAN_ERRORS", "Pack
               "pack_dataset",
               "pack_layout", "pack_on_device", "pack_sequences", "packing_support", "plan", "prepare_model",
               "register_varlen_attention",
-              "shard_context_parallel", "transformer_cost", "unpack_sequences", "unprepare_model",
+              "shard_context_parallel", "transformer_cost", "unpack_sequences", "unprepare_model", "vision_cost",
               "unshard_context_parallel",
               "varlen_attention_forward"]
 

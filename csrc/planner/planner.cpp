@@ -12,7 +12,8 @@ namespace packkit {
 
 namespace {
 
-std::vector<double> item_costs(const Items& items, const PlanOptions& opts, const ItemCostFn& fn) {
+std::vector<double> item_costs(const Items& items, const PlanOptions& opts, const ItemCostFn& fn,
+                               const double* extra_cost) {
   std::vector<double> costs;
   if (fn) {
     costs = fn(std::vector<int64_t>(items.length, items.length + items.count));
@@ -25,6 +26,11 @@ std::vector<double> item_costs(const Items& items, const PlanOptions& opts, cons
     costs.resize(static_cast<size_t>(items.count));
     for (size_t i = 0; i < costs.size(); ++i) costs[i] = opts.cost(items.length[i]);
   }
+  // A sequence's extra cost (e.g. its images' vision tower) goes with its first piece: split pieces
+  // after the first start past token 0; a truncated sequence keeps it.
+  if (extra_cost)
+    for (int64_t i = 0; i < items.count; ++i)
+      if (items.start(i) == 0) costs[static_cast<size_t>(i)] += extra_cost[items.seq(i)];
   return costs;
 }
 
@@ -162,7 +168,8 @@ void emit_slots(PlanResult& plan, const Items& items, Slots& slots, const std::v
 
 }  // namespace
 
-PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts, const ItemCostFn& item_cost_fn) {
+PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts, const ItemCostFn& item_cost_fn,
+                     const double* extra_cost) {
   // The bound keeps round_up(num_bins, dp_size) from overflowing (a fuzzer found dp_size = 2^63 - 1) and
   // the up to dp_size - 1 empty padding rows of the last step to a size that can be allocated.
   constexpr int64_t kMaxDpSize = int64_t{1} << 24;
@@ -172,6 +179,11 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
   if (!(std::isfinite(opts.cost.a) && std::isfinite(opts.cost.b) && opts.cost.a >= 0 && opts.cost.b >= 0 &&
         opts.cost.a + opts.cost.b > 0))
     throw InvalidInput("cost coefficients (a, b) must be finite, >= 0 and not both 0");
+  if (extra_cost)
+    for (int64_t i = 0; i < n; ++i)
+      if (!(std::isfinite(extra_cost[i]) && extra_cost[i] >= 0))
+        throw InvalidInput("extra_cost[" + std::to_string(i) + "] is " + std::to_string(extra_cost[i]) +
+                           "; every extra cost must be finite and >= 0");
 
   PlanResult plan;
   plan.dp_size = opts.dp_size;
@@ -185,14 +197,16 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
   }
 
   const BinAssignment bins = pack_bins(items, opts);
+  const bool per_item = item_cost_fn || extra_cost;  // costs no function of length alone
   if (opts.dp_size == 1) {  // ogbfd with one rank is obfd
-    const std::vector<double> custom = item_cost_fn ? item_costs(items, opts, item_cost_fn) : std::vector<double>{};
-    emit_bins(plan, items, bins, opts, item_cost_fn ? &custom : nullptr);
+    const std::vector<double> custom =
+        per_item ? item_costs(items, opts, item_cost_fn, extra_cost) : std::vector<double>{};
+    emit_bins(plan, items, bins, opts, per_item ? &custom : nullptr);
   } else {
-    const std::vector<double> costs = item_costs(items, opts, item_cost_fn);
+    const std::vector<double> costs = item_costs(items, opts, item_cost_fn, extra_cost);
     Slots slots = opts.algorithm == Algorithm::GroupedBestFit
                       ? balance_steps(bins, items.length, costs, opts.capacity, opts.dp_size,
-                                      item_cost_fn ? nullptr : &opts.cost)
+                                      per_item ? nullptr : &opts.cost)
                       : deal_in_order(bins, opts.dp_size);
     emit_slots(plan, items, slots, costs);
   }

@@ -22,8 +22,16 @@ py::array_t<typename Vector::value_type> to_numpy(Vector&& values) {
 }
 
 py::dict plan(py::array_t<int64_t, py::array::c_style> lengths, int64_t capacity, const std::string& algorithm,
-              const std::string& overlong, int64_t dp_size, double cost_a, double cost_b, py::object cost_fn) {
+              const std::string& overlong, int64_t dp_size, double cost_a, double cost_b, py::object cost_fn,
+              py::object extra_cost) {
   if (lengths.ndim() != 1) throw packkit::InvalidInput("lengths must be 1-D");
+  py::array_t<double, py::array::c_style> extra;
+  if (!extra_cost.is_none()) {
+    extra = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(extra_cost);
+    if (!extra || extra.ndim() != 1 || extra.shape(0) != lengths.shape(0))
+      throw packkit::InvalidInput("extra_cost must be a 1-D float array with one entry per length (" +
+                                  std::to_string(lengths.shape(0)) + ")");
+  }
   packkit::PlanOptions opts;
   opts.capacity = capacity;
   opts.algorithm = packkit::parse_algorithm(algorithm);
@@ -47,7 +55,8 @@ py::dict plan(py::array_t<int64_t, py::array::c_style> lengths, int64_t capacity
   packkit::PlanResult result;
   {
     py::gil_scoped_release no_gil;
-    result = packkit::make_plan(lengths.data(), lengths.shape(0), opts, item_cost_fn);
+    result = packkit::make_plan(lengths.data(), lengths.shape(0), opts, item_cost_fn,
+                                extra_cost.is_none() ? nullptr : extra.data());
   }
   py::dict out;
   const auto num_segments = static_cast<py::ssize_t>(result.seg_seq.size());
@@ -274,7 +283,8 @@ PYBIND11_MODULE(_planner, m) {
   m.doc() = "packkit's C++ bin-packing planner (use packkit.plan; this is the raw binding)";
   py::register_exception<packkit::InvalidInput>(m, "InvalidInput", PyExc_ValueError);
   m.def("plan", &plan, py::arg("lengths"), py::arg("capacity"), py::arg("algorithm"), py::arg("overlong"),
-        py::arg("dp_size"), py::arg("cost_a"), py::arg("cost_b"), py::arg("cost_fn") = py::none());
+        py::arg("dp_size"), py::arg("cost_a"), py::arg("cost_b"), py::arg("cost_fn") = py::none(),
+        py::arg("extra_cost") = py::none());
   m.def("rl_micro_batches", &rl_micro_batches, py::arg("lengths"), py::arg("costs"), py::arg("capacity"),
         py::arg("dp_size"), py::arg("num_micro_batches"), py::arg("equal_count"), py::arg("refine_rounds") = 256,
         py::arg("search_rounds") = 0, py::arg("search_above") = 1.0, py::arg("goal_margin") = -1.0,

@@ -3,6 +3,7 @@ model, with a certified bound on that balance and a checker for plans made elsew
 from .cost_model import transformer_cost
 from .plan_check import PLAN_ERRORS, check_plan
 from .planner import ALGORITHMS, OVERLONG_POLICIES, CostSpec, Plan, Segments, as_lengths, plan
+from .vision_cost import VisionCost, vision_cost
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "CostSpec", "as_lengths",
-           "transformer_cost", "check_plan", "PLAN_ERRORS"]
+           "transformer_cost", "vision_cost", "VisionCost", "check_plan", "PLAN_ERRORS"]

@@ -50,7 +50,8 @@ class Plan:
             time a synchronous step waits for its slowest rank, relative to perfect balance).
         rank_balance: ``max / mean`` of each rank's total cost over all steps (>= 1).
         balance_lower_bound: no plan of the same items into at most ``num_steps`` steps has a lower
-            ``balance`` (certified; see :mod:`packkit.balance_bound`). None for callable costs.
+            ``balance`` (certified; see :mod:`packkit.balance_bound`). None for callable costs and with
+            ``extra_cost``.
     """
 
     def __init__(self, raw: dict, *, capacity: int, algorithm: str, overlong: str, dp_size: int, num_sequences: int,
@@ -314,6 +315,37 @@ def _cost_model(cost: CostSpec):
                     f"or a callable mapping an int64 array of lengths to costs; got {cost!r}")
 
 
+def as_extra_cost(extra_cost, n: int) -> np.ndarray | None:
+    """Validates a per-sample extra cost (``extra_cost=`` of :func:`plan` and the samplers): None, or a float64 array
+    of ``n`` finite values >= 0 (one per length). ValueError/TypeError naming ``extra_cost`` otherwise."""
+    if extra_cost is None:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(extra_cost, torch.Tensor):
+        extra_cost = extra_cost.detach().cpu().numpy()
+    if not isinstance(extra_cost, (np.ndarray, list, tuple)):
+        raise TypeError(f"extra_cost must be a 1-D array of floats (one per length), got {type(extra_cost).__name__}")
+    try:
+        array = np.asarray(extra_cost)
+    except (ValueError, OverflowError) as e:  # ragged nesting
+        raise ValueError(f"extra_cost must be a flat sequence of numbers: {e}") from None
+    if array.size == 0:
+        array = array.reshape(-1)
+    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
+        raise TypeError(f"extra_cost must hold ints or floats, got dtype {array.dtype}")
+    if array.ndim != 1:
+        raise ValueError(f"extra_cost must be 1-D, got shape {array.shape}")
+    if len(array) != n:
+        raise ValueError(f"extra_cost has {len(array)} entries for {n} lengths; give one per length")
+    array = np.ascontiguousarray(array, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"extra_cost must be finite and >= 0; {len(bad)} entries are not (first: index {i}, "
+                         f"{float(array[i])!r})")
+    return array
+
+
 def check_plan_choices(algorithm, overlong) -> None:
     """Raise ValueError for an unknown ``algorithm`` or ``overlong`` policy. Shared by :func:`plan` and the
     loaders that take these options (PackingCollator, PackedIterableDataset), so they refuse a bad value
@@ -325,7 +357,8 @@ def check_plan_choices(algorithm, overlong) -> None:
 
 
 def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_size: int = 1,
-         cost: CostSpec = "tokens", overlong: str = "error", pad_to_multiple_of: int | None = None) -> Plan:
+         cost: CostSpec = "tokens", overlong: str = "error", pad_to_multiple_of: int | None = None,
+         extra_cost=None) -> Plan:
     """Bin-pack sequence ``lengths`` into rows of ``capacity`` tokens.
 
     Args:
@@ -353,12 +386,17 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
             ``padded_bin_tokens`` give the padded ones. Over-long sequences are judged by their padded
             length (equivalent, as ``capacity`` is a multiple); ``"split"`` pieces are ``capacity``
             long except the last, so padding only ever lengthens a sequence's last piece.
+        extra_cost: per-sample cost added to each sequence's ``cost`` (one finite value >= 0 per length, in the
+            cost's units), e.g. the vision tower's FLOPs of a sample's images
+            (:func:`packkit.vision_cost`); with ``"split"`` it goes with the first piece. ``rank_costs`` and
+            the ogbfd balance include it. ``None`` (default) or all zeros: the plan of ``cost`` alone.
     """
     array = as_lengths(lengths)
     capacity = _as_count(capacity, "capacity")
     dp_size = _as_count(dp_size, "dp_size")
     check_plan_choices(algorithm, overlong)
     a, b, cost_fn = _cost_model(cost)
+    extra = as_extra_cost(extra_cost, len(array))
     m = 1 if pad_to_multiple_of is None else _as_count(pad_to_multiple_of, "pad_to_multiple_of")
     if m < 1:
         raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
@@ -368,14 +406,15 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
     if m > 1 and array.size and int(array.max()) > np.iinfo(np.int64).max - m:
         raise ValueError("lengths must fit in int64 after padding")
     planned = array if m == 1 else (array + m - 1) // m * m
-    raw = _planner.plan(planned, capacity, algorithm, overlong, dp_size, a, b, cost_fn)
+    raw = _planner.plan(planned, capacity, algorithm, overlong, dp_size, a, b, cost_fn, extra)
     if not np.all(np.isfinite(raw["rank_costs"])):  # finite item costs can still sum past float64 (NaN balance)
         raise ValueError("the cost model's per-row costs overflow float64 (each item's cost is finite, their sums "
                          "are not); scale the cost down, e.g. divide (a, b) or the callable's values by a constant")
     if m > 1:
         raw = _unpad_segments(raw, array)
     return Plan(raw, capacity=capacity, algorithm=algorithm, overlong=overlong, dp_size=dp_size,
-                num_sequences=len(array), cost_ab=None if cost_fn is not None else (a, b), pad_to_multiple_of=m)
+                num_sequences=len(array), cost_ab=None if cost_fn is not None or extra is not None else (a, b),
+                pad_to_multiple_of=m)
 
 
 def _unpad_segments(raw: dict, lengths: np.ndarray) -> dict:

@@ -115,8 +115,14 @@ def fuzz_plan(data: bytes) -> None:
                    lambda x: np.asarray(x, dtype=np.float64)])
     if overlong == "split" and _split_pieces(lengths, capacity) > 1 << 20:
         overlong = "drop"  # a billion split pieces is a valid request for gigabytes, not bad input
+    # Read last, so inputs from before extra_cost existed decode as before (no bytes left: None).
+    extra = None
+    if b.int(0, 1):
+        size = n if b.int(0, 7) else b.int(0, 41)  # mostly the right length
+        extra = [b.pick([0.0, 1.0, 1e300, -1.0, float("nan"), float("inf"), 0.5, 7.0]) for _ in range(size)]
     try:
-        plan = packkit.plan(lengths, capacity, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
+        plan = packkit.plan(lengths, capacity, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong,
+                            extra_cost=extra)
     except BaseException as e:
         _expect_allowed(e)
         return

@@ -49,7 +49,15 @@ def plan_api() -> Api:
                    Variant("degenerate", "lengths", "numpy 0-d", "refuse", lambda kw: {**kw, "lengths": np.int64(3)}),
                    Variant("degenerate", "lengths", "2-D tensor", "refuse",
                            lambda kw: {**kw, "lengths": torch.ones(2, 2, dtype=torch.int64)}),
-                   Variant("determinism", "lengths", "same input twice", "accept", run=_twice)])
+                   Variant("determinism", "lengths", "same input twice", "accept", run=_twice),
+                   Variant("degenerate", "extra_cost", "zeros", "accept",
+                           lambda kw: {**kw, "extra_cost": np.zeros(len(kw["lengths"]))}),
+                   Variant("degenerate", "extra_cost", "one short", "refuse",
+                           lambda kw: {**kw, "extra_cost": np.ones(len(kw["lengths"]) - 1)}),
+                   Variant("degenerate", "extra_cost", "nan", "refuse",
+                           lambda kw: {**kw, "extra_cost": [float("nan")] * len(kw["lengths"])}),
+                   Variant("degenerate", "extra_cost", "negative", "refuse",
+                           lambda kw: {**kw, "extra_cost": [-1.0] * len(kw["lengths"])})])
 
 
 def from_bins_api() -> Api:
@@ -168,7 +176,11 @@ def sampler_api() -> Api:
     return Api("packkit.PackedBatchSampler", PackedBatchSampler, base, check, call=use, skip=("group",),
                variants=[Variant("degenerate", "lengths", "empty", "either", lambda kw: {**kw, "lengths": []}),
                          Variant("degenerate", "lengths", "all zero", "either", lambda kw: {**kw, "lengths": [0, 0]}),
-                         Variant("determinism", "seed", "same seed twice", "accept", run=_twice)])
+                         Variant("determinism", "seed", "same seed twice", "accept", run=_twice),
+                         Variant("degenerate", "extra_cost", "uneven", "accept",
+                                 lambda kw: {**kw, "extra_cost": np.arange(len(kw["lengths"])) * 1e3}),
+                         Variant("degenerate", "extra_cost", "inf", "refuse",
+                                 lambda kw: {**kw, "extra_cost": [float("inf")] * len(kw["lengths"])})])
 
 
 def streaming_api() -> Api:
@@ -224,8 +236,39 @@ def transformer_cost_api() -> Api:
     return Api("packkit.transformer_cost", packkit.transformer_cost, base, check, skip=("config",))
 
 
+def _vision_signature(image_grid_thw=None, video_grid_thw=None, train_vision: bool = True):
+    """The options fuzzed: one sample's grids (variants) and the frozen-tower flag."""
+
+
+def vision_cost_api() -> Api:
+    import transformers
+
+    def run(image_grid_thw, video_grid_thw, train_vision):
+        config = transformers.Qwen2_5_VLConfig(vision_config=dict(
+            depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=2,
+            spatial_merge_size=2, temporal_patch_size=2, window_size=8, fullatt_block_indexes=[1]))
+        return packkit.vision_cost(config, train_vision=train_vision)(image_grid_thw, video_grid_thw)
+
+    def check(cost, kw):
+        assert isinstance(cost, float) and np.isfinite(cost) and cost >= 0, cost
+        assert (cost > 0) == bool(np.size(kw["image_grid_thw"] or []) or np.size(kw["video_grid_thw"] or [])), cost
+
+    def grids(name, value, expect, label):
+        return Variant("degenerate", name, label, expect, lambda kw: {**kw, name: value})
+    return Api("packkit.vision_cost", _vision_signature,
+               lambda: dict(image_grid_thw=[[1, 4, 6]], video_grid_thw=[[3, 2, 2]], train_vision=True), check,
+               call=run, variants=[
+                   grids("image_grid_thw", [], "accept", "empty"),
+                   grids("image_grid_thw", [[1, 0, 4]], "refuse", "zero side"),
+                   grids("image_grid_thw", [[1, 3, 4]], "refuse", "side not a multiple of the merge size"),
+                   grids("image_grid_thw", [[1.0, 2.0, 2.0]], "refuse", "float grid"),
+                   grids("image_grid_thw", [[1, 2]], "refuse", "two columns"),
+                   grids("video_grid_thw", torch.tensor([[2, 4, 4]]), "accept", "tensor"),
+                   grids("video_grid_thw", [[-1, 4, 4]], "refuse", "negative t")])
+
+
 def register(reg: dict) -> None:
     for make in (plan_api, from_bins_api, pack_sequences_api, unpack_api, pack_layout_api, collator_api,
-                 sampler_api, streaming_api, block_mask_api, transformer_cost_api):
+                 sampler_api, streaming_api, block_mask_api, transformer_cost_api, vision_cost_api):
         api = make()
         reg[api.name] = api
