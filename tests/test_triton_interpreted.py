@@ -35,11 +35,18 @@ def _run(cmd, env, timeout):
     return proc, (proc.stdout + proc.stderr)[-6000:]
 
 
+# One child per test module, so that pytest-xdist spreads them over its workers (one child for the whole folder
+# was the suite's serial tail: ~4 minutes on the 2-core CI machine).
+_INTERP_MODULES = sorted(p.name for p in (ROOT / "tests" / "triton_interp").glob("test_*.py"))
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                     reason="already interpreting: tests/triton_interp is collected in this process")
-def test_triton_kernels_interpreted():
+@pytest.mark.parametrize("module", _INTERP_MODULES)
+def test_triton_kernels_interpreted(module):
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc, tail = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/triton_interp"], env, 900)
+    proc, tail = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"tests/triton_interp/{module}"],
+                      env, 900)
     assert proc.returncode == 0, tail
     passed = re.search(r"(\d+) passed", proc.stdout)
     assert passed and int(passed.group(1)) > 0, tail

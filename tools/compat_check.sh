@@ -61,7 +61,7 @@ make_venv() {  # a venv with one torch and the test tools; the build's torch als
     return 0
   fi
   rm -rf "$env"
-  "$PY" -m venv "$env" && "$env/bin/pip" install -q "torch==$v" numpy pytest hypothesis "${extra[@]}" \
+  "$PY" -m venv "$env" && "$env/bin/pip" install -q "torch==$v" numpy pytest pytest-xdist hypothesis "${extra[@]}" \
     >"$WORK/logs/venv-$v.log" 2>&1 && "$env/bin/python" -c "import torch" >>"$WORK/logs/venv-$v.log" 2>&1 \
     && touch "$env/.ready"  # build_wheel.sh reuses a venv marked ready
 }
@@ -155,7 +155,9 @@ for v in "${PLANNED[@]}"; do
   info=$?
   grep -E "^torch |^  (cpu|cuda|triton) +(_ops|triton_k)|error probe|CRASH|FAIL|PROBLEMS|^OK|^  - " "$WORK/logs/info-$v.log" | head -24
   # --rootdir: the clone's pytest settings and conftest; the interpreter's cwd stays outside the tree.
-  (cd "$WORK/run" && "$ROOT/$env/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
+  # Two xdist workers where the venv has xdist (a reused venv may not): ~25 s less per torch on 2 cores.
+  xdist=(); "$env/bin/python" -c "import xdist" 2>/dev/null && xdist=(-n 2)
+  (cd "$WORK/run" && "$ROOT/$env/bin/python" -m pytest -q -p no:cacheprovider "${xdist[@]}" --rootdir "$ROOT" \
     "${TESTS[@]/#/$ROOT/}") >"$WORK/logs/tests-$v.log" 2>&1
   tests=$?
   summary=$(grep -E "^=* ?[0-9]+ (passed|failed)" "$WORK/logs/tests-$v.log" | tail -1 | tr -d '=')

@@ -19,6 +19,12 @@ source .ci/trainers/lib.sh
 VENV=.venv-axolotl
 PY="$VENV/bin/python"
 start=$(date +%s)
+# Phase "install" (the venv, no packkit) can run ahead in the background: .ci/trainers/run.sh starts every
+# trainer's install at the start of .ci/run, then runs the "test" phases one by one. No argument: both.
+phase=${1:-all}
+case "$phase" in install|test|all) ;; *) echo "usage: $0 [install|test|all]" >&2; exit 2 ;; esac
+if [ "$phase" != test ]; then
+rm -rf "$VENV"
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q torch==2.13.0 transformers==5.16.1 trl==1.9.0 accelerate==1.13.0 peft==0.20.0 \
   datasets==4.8.4 numba==0.68.1 numpy pybind11 scikit-build-core cmake ninja pytest hypothesis
@@ -28,6 +34,8 @@ python3 -m venv "$VENV"
 # trainer builder) imports beyond that, found by running it here (issue 47): each was missing in turn.
 "$VENV/bin/pip" install -q python-dotenv==1.0.1 fire==0.7.1 art==6.5 fastcore==2.2.41 evaluate==0.4.1 wandb==0.31.0 \
   bitsandbytes==0.50.2 triton==3.9.0 axolotl-contribs-lgpl==0.0.7 axolotl-contribs-mit==0.0.6
+fi
+if [ "$phase" = install ]; then exit 0; fi
 install_packkit "$VENV"
 echo "axolotl venv ready in $(( $(date +%s) - start )) s"
 "$PY" -P -m pytest -q -p no:cacheprovider tests/test_axolotl_sampler.py tests/test_axolotl_plugin.py

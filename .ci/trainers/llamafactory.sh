@@ -17,6 +17,11 @@ cd "$(dirname "$0")/../.."
 source .ci/trainers/lib.sh
 VENV=.venv-llamafactory
 start=$(date +%s)
+# Phase "install" (the venv, no packkit) can run ahead in the background: .ci/trainers/run.sh starts every
+# trainer's install at the start of .ci/run, then runs the "test" phases one by one. No argument: both.
+phase=${1:-all}
+case "$phase" in install|test|all) ;; *) echo "usage: $0 [install|test|all]" >&2; exit 2 ;; esac
+if [ "$phase" != test ]; then
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q llamafactory==0.9.5 torch==2.13.0 transformers==5.6.0 datasets==4.0.0 accelerate==1.11.0 \
@@ -33,6 +38,8 @@ __version__ = "0.0.0+packkit.stub"
 def __getattr__(name):
     raise ImportError(f"torchaudio.{name}: torchaudio is a stub in this venv (no wheel for CPU torch 2.13)")
 EOF
+fi
+if [ "$phase" = install ]; then exit 0; fi
 install_packkit "$VENV"
 # scikit-build-core's editable .pth also puts the clone's PARENT folder on sys.path; any folder there named like a
 # package becomes an importable namespace package (a /tmp/ray session folder made llamafactory's is_ray_available()

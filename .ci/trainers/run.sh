@@ -1,20 +1,43 @@
 #!/usr/bin/env bash
 # The trainer stages of issue 40 (axolotl, ms-swift, LLaMA-Factory), each in a venv of its own pinned to that
-# trainer's versions (their transformers pins exclude each other and the main venv's). Called by .ci/run after
-# the main venv is installed: packkit goes into each venv as one wheel of the main venv's build (seconds: the
-# build dir is up to date), so no trainer stage compiles C++.
+# trainer's versions (their transformers pins exclude each other and the main venv's).
+#     bash .ci/trainers/run.sh start   # starts every trainer's venv install in the background, returns at once
+#     bash .ci/trainers/run.sh         # waits for those installs (starts them if none were), then the tests
+# .ci/run calls `start` before the main install, so the three installs (mostly disk writes: ~30 s of CPU each
+# with PIP_COMPILE=0) overlap the main install and the suite instead of running one after another at the end.
+# The tests then run one trainer at a time: packkit goes into each venv as one wheel of the main venv's build
+# (seconds: the build dir is up to date), so no trainer stage compiles C++.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+TRAINERS=${PACKKIT_TRAINERS:-axolotl swift llamafactory}
+LOGS=build/ci-trainers
+
+start_installs() {
+  rm -rf "$LOGS" && mkdir -p "$LOGS"
+  for trainer in $TRAINERS; do
+    (bash ".ci/trainers/$trainer.sh" install >"$LOGS/$trainer.log" 2>&1; echo $? >"$LOGS/$trainer.rc") &
+  done
+  echo "trainer stages: venv installs started in the background ($TRAINERS), logs in $LOGS/"
+}
+
+if [ "${1:-}" = start ]; then start_installs; exit 0; fi
+[ -d "$LOGS" ] || start_installs
+
 start=$(date +%s)
 rm -rf build/ci-wheel
 .venv/bin/pip wheel -q --no-build-isolation --no-deps . -w build/ci-wheel
 PACKKIT_WHEEL=$(ls "$PWD"/build/ci-wheel/packkit-*.whl)
 export PACKKIT_WHEEL PIP_DISABLE_PIP_VERSION_CHECK=1
 echo "trainer stages: packkit wheel $(basename "$PACKKIT_WHEEL") in $(( $(date +%s) - start )) s"
-for trainer in ${PACKKIT_TRAINERS:-axolotl swift llamafactory}; do
+for trainer in $TRAINERS; do
   t0=$(date +%s)
-  bash ".ci/trainers/$trainer.sh"
-  rm -rf ".venv-$trainer"  # 1.7-2.2 GB each; the disk holds the compat stage's venvs too
+  until [ -f "$LOGS/$trainer.rc" ]; do sleep 2; done
+  rc=$(cat "$LOGS/$trainer.rc")
+  echo "== trainer $trainer: venv install (background) =="; grep -v "^WARNING: Location" "$LOGS/$trainer.log" || true
+  [ "$rc" = 0 ] || { echo "trainer stage $trainer: the venv install failed (exit $rc)"; exit 1; }
+  echo "   waited $(( $(date +%s) - t0 )) s for it here"
+  bash ".ci/trainers/$trainer.sh" test
+  rm -rf ".venv-$trainer"  # 1.7-3.0 GB each; the disk holds the compat stage's venvs too
   echo "== trainer stage $trainer: $(( $(date +%s) - t0 )) s =="
 done
 echo "trainer stages: $(( $(date +%s) - start )) s in all"

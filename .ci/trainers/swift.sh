@@ -21,6 +21,11 @@ cd "$(dirname "$0")/../.."
 source .ci/trainers/lib.sh
 VENV=.venv-swift
 start=$(date +%s)
+# Phase "install" (the venv, no packkit) can run ahead in the background: .ci/trainers/run.sh starts every
+# trainer's install at the start of .ci/run, then runs the "test" phases one by one. No argument: both.
+phase=${1:-all}
+case "$phase" in install|test|all) ;; *) echo "usage: $0 [install|test|all]" >&2; exit 2 ;; esac
+if [ "$phase" != test ]; then
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q torch==2.13.0 transformers==5.19.0 datasets==4.8.4 peft==0.20.0 accelerate==1.15.0 \
@@ -28,6 +33,8 @@ python3 -m venv "$VENV"
     pytest hypothesis
 "$VENV/bin/pip" install -q --no-deps ms-swift==4.6.0 binpacking==2.0.1
 echo "swift venv: packages installed in $(( $(date +%s) - start )) s"
+fi
+if [ "$phase" = install ]; then exit 0; fi
 install_packkit "$VENV"
 # Run from the repository root: a stray ./ray or ./swift folder would shadow the packages (namespace packages).
 "$VENV/bin/python" -P -c "import torch, transformers, swift.dataset.packing, swift.pipelines.train, packkit; \
