@@ -1,0 +1,110 @@
+"""Training FLOPs of the state-space mixers in a document of ``l`` tokens: the scan work beyond the mixer's weights
+(its Linears and short convolution are counted with every other weight by ``arch_cost``). Forward + backward =
+3 x forward, as everywhere in ``transformer_cost``.
+
+**Mamba 2** (SSD, chunked: Mamba2, Bamba, Granite-4 hybrid, Nemotron-H, Falcon-H1), per layer: ``H`` heads of
+``P`` channels, state ``N``, ``G`` groups of B / C, chunks of ``Q``. mamba-ssm's ``mamba_chunk_scan_combined``
+(and transformers' torch reference of it) cuts a document into ``c = ceil(l / Q)`` chunks and computes every
+chunk whole (the reference pads the last one; the kernel's tiles cover it), so the cost steps with ``l mod Q``.
+Per chunk, multiply-adds: ``C B^T`` per group ``G Q^2 N``, ``(C B^T * decay) x`` per head ``H Q^2 P``, the chunk's
+final state ``B^T x`` and the output from the incoming state ``C s`` per head ``2 H Q N P``. Elementwise, per chunk
+and head: the decay mask ``exp(segsum)`` and its product with ``C B^T`` (``2 Q^2``), and the state passed from chunk to
+chunk, ``s = exp(a) s + s_c`` (``2 P N``).
+
+**Mamba 1** (selective scan: Mamba, FalconMamba, Jamba), per layer of ``D`` channels and state ``N``, per token:
+the output ``y = C h`` (``D N`` multiply-adds) and the recurrence ``h = exp(A dt) h + (dt B) u`` (6 elementwise
+operations per state entry: ``A dt``, ``exp``, ``dt B``, ``(dt B) u``, ``exp(A dt) h``, ``+``): linear in ``l``.
+
+transformers' torch reference differs from the kernels in two places, both named in the tests that check these
+counts against torch's FLOP counter: it repeats B and C to every head (``C B^T`` per head, not per group) and
+passes the state between chunks as a ``(c + 1) x (c + 1)`` matmul where the kernel scans ``c`` chunks.
+
+Families refused by name (``REFUSED``): no count here matches what their kernels compute, or the meta model's
+weights do not say how often each runs.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+# model types whose "linear_attention" layers are the Mamba mixers counted here; "hybrid" layers of Falcon-H1 run
+# a Mamba 2 mixer beside full attention
+SCAN_FAMILIES = ("mamba", "falcon_mamba", "jamba", "mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1")
+HYBRID_FULL_ATTENTION = ("falcon_h1",)
+REFUSED = {
+    "zamba": "its shared transformer blocks run at several layers with per-layer adapters: how often each weight "
+             "runs is not in the model's structure",
+    "zamba2": "its shared transformer blocks run at several layers with per-layer adapters: how often each weight "
+              "runs is not in the model's structure",
+    "kimi_linear": "its KDA layers (chunked delta rule with per-channel gates) have no validated count",
+    "bailing_hybrid": "its gated linear-attention layers have no validated count",
+    "rwkv": "its WKV recurrence has no validated count",
+    "xlstm": "its mLSTM / sLSTM cells have no validated count",
+    "recurrent_gemma": "its RG-LRU recurrence and local attention blocks have no validated count",
+}
+
+
+class Mamba2Scan(NamedTuple):
+    heads: int
+    head_dim: int
+    state: int
+    groups: int
+    chunk: int
+
+    def matmul_macs(self, lengths) -> np.ndarray:
+        """Forward multiply-adds of the chunked scan (module docstring) for documents of ``lengths`` tokens."""
+        h, p, n, g, q = (float(v) for v in self)
+        padded = np.ceil(np.asarray(lengths, dtype=np.float64) / q) * q
+        return padded * (g * q * n + h * q * p + 2 * h * n * p)
+
+    def elementwise(self, lengths) -> np.ndarray:
+        h, p, n, _, q = (float(v) for v in self)
+        chunks = np.ceil(np.asarray(lengths, dtype=np.float64) / q)
+        return chunks * h * (2 * q * q + 2 * p * n)
+
+    def __call__(self, lengths) -> np.ndarray:
+        return 3.0 * (2 * self.matmul_macs(lengths) + self.elementwise(lengths))
+
+
+class Mamba1Scan(NamedTuple):
+    channels: int
+    state: int
+
+    def matmul_macs(self, lengths) -> np.ndarray:
+        return np.asarray(lengths, dtype=np.float64) * float(self.channels * self.state)
+
+    def elementwise(self, lengths) -> np.ndarray:
+        return np.asarray(lengths, dtype=np.float64) * 6.0 * self.channels * self.state
+
+    def __call__(self, lengths) -> np.ndarray:
+        return 3.0 * (2 * self.matmul_macs(lengths) + self.elementwise(lengths))
+
+
+def refusal(model_type: str):
+    """Why ``transformer_cost`` has no count for ``model_type``'s mixers, or None."""
+    return REFUSED.get(model_type)
+
+
+def scan_of(module):
+    """The scan of one mixer module (Mamba 1 or 2, read from the module's own sizes), or None for any other module."""
+    names = vars(module)
+    params = module._parameters
+    a_log = params.get("A_log")
+    if a_log is None or "ssm_state_size" not in names:
+        return None
+    if a_log.dim() == 1 and {"num_heads", "head_dim", "n_groups", "chunk_size"} <= set(names):
+        return Mamba2Scan(int(module.num_heads), int(module.head_dim), int(module.ssm_state_size),
+                          int(module.n_groups), int(module.chunk_size))
+    if a_log.dim() == 2 and "x_proj" in module._modules and "dt_proj" in module._modules:
+        return Mamba1Scan(int(a_log.shape[0]), int(a_log.shape[1]))
+    return None
+
+
+def scans(model, model_type: str, expected: int) -> list:
+    """Every Mamba mixer of the (meta) ``model``; ``expected`` is how many the config's layer types say it has."""
+    found = [s for s in (scan_of(m) for m in model.modules()) if s is not None]
+    if len(found) != expected:
+        raise ValueError(f"transformer_cost found {len(found)} Mamba mixers in {model_type}'s model where its layer "
+                         f"types name {expected}; pass a cost callable")
+    return found
