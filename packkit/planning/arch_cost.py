@@ -37,6 +37,7 @@ _ATTENTION = {"full_attention": "full", "attention": "full", "global": "full", "
               "local": "window", "chunked_attention": "chunk"}
 _LINEAR_ATTENTION = {"linear_attention"}
 _CONV = {"conv"}  # LFM2 short convolutions: their weights are all their cost
+_NO_MIXING = {"mlp", "moe"}  # Nemotron-H layers of an MLP / MoE alone: their weights are all their cost
 _TOP_K = ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k", "moe_top_k")
 _NUM_EXPERTS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
 
@@ -88,8 +89,8 @@ def layer_kinds(config) -> list:
                 raise ValueError(f"transformer_cost has no count for the linear-attention layers of {model_type} "
                                  "(a recurrent mixer other than Gated DeltaNet); pass a cost callable")
             kinds.append(("linear_attention", None))
-        elif t in _CONV:
-            kinds.append(("conv", None))
+        elif t in _CONV or t in _NO_MIXING:
+            kinds.append((t if t in _CONV else "mlp", None))
         else:
             raise ValueError(f"transformer_cost has no count for layer type {t!r} ({model_type}); pass a cost callable")
     return kinds
