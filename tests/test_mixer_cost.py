@@ -11,7 +11,8 @@ than a scan chunk (8) and not a multiple of it.
   as a dense one (groups ignored), so the convolutions' forward count is taken twice for their backward.
 * Elementwise recurrence: the operations of the reference scan, counted by a dispatch mode, equal the cost's count
   (Mamba 1: 6 per state entry and token; Mamba 2: 2 per in-chunk pair and head).
-* Controls: a count that ignores the chunk padding, or one elementwise operation too few, fails.
+* Controls: a count that ignores the chunk padding, leaves the scans out, counts the Zamba2 adapters a layer does
+  not run, or has one elementwise operation too few, fails.
 """
 from __future__ import annotations
 
@@ -31,11 +32,15 @@ transformers = pytest.importorskip("transformers")
 model_zoo = pytest.importorskip("model_zoo")
 
 SCAN_MODELS = ["mamba", "falcon_mamba", "jamba", "mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1",
-               "nemotron_h (mlp, moe)"]
+               "nemotron_h (mlp, moe)", "zamba2", "zamba2 (2 shared blocks, adapters)"]
 # Nemotron-H's MLP-only and MoE-only layers (the 8B / 30B layouts have them)
 NEMOTRON_MLP_MOE = dict(layers_block_type=["linear_attention", "mlp", "full_attention", "moe"], num_hidden_layers=4,
                         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                         moe_shared_expert_intermediate_size=32, n_group=1, topk_group=1)
+# Zamba2's shared blocks: three hybrid layers over two tied blocks, each layer with its own adapters
+ZAMBA2_SHARED = dict(layers_block_type=["hybrid", "linear_attention", "hybrid", "hybrid"], num_hidden_layers=4,
+                     num_mem_blocks=2, use_shared_attention_adapter=True, head_dim=32,
+                     num_key_value_heads=4)  # the adapters are 2 h -> 2 h: heads of 2 h / heads, no GQA
 LENGTHS = [3, 8, 13, 21]  # chunk 8: shorter, one whole chunk, two and three chunks (padded)
 
 
@@ -43,6 +48,9 @@ def _config(name):
     if name == "nemotron_h (mlp, moe)":
         return transformers.AutoConfig.for_model(
             "nemotron_h", **{**model_zoo.COMMON, **model_zoo.ARCHITECTURES["nemotron_h"], **NEMOTRON_MLP_MOE})
+    if name == "zamba2 (2 shared blocks, adapters)":
+        return transformers.AutoConfig.for_model(
+            "zamba2", **{**model_zoo.COMMON, **model_zoo.ARCHITECTURES["zamba2"], **ZAMBA2_SHARED})
     return model_zoo.tiny_config(name)
 
 
@@ -160,6 +168,18 @@ def test_control_a_wrong_count_fails():
     assert _counted(model, length) != pytest.approx(expected, rel=0.05)
 
 
+def test_control_zamba2_adapters_a_layer_does_not_run_would_be_counted():
+    name = "zamba2 (2 shared blocks, adapters)"
+    cost, model = packkit.transformer_cost(_config(name)), _model(name)
+    unused = mixer_cost.unused_adapter_macs(model)
+    assert unused > 0  # block 0 serves hybrid layers 0 and 2: each copy holds both layers' adapters
+    length = 13
+    expected = cost(np.array([length]))[0] - sum(s.elementwise(np.array([length]))[0] * 3 for s in cost.scans)
+    expected += _reference_excess(model, cost, length)
+    # 4% here: inside the 5% the issue asks, caught by the exact check the test above makes
+    assert _counted(model, length) != pytest.approx(expected + 6 * unused * length, rel=1e-9)
+
+
 def test_scan_cost_steps_with_the_chunk():
     cost = packkit.transformer_cost(model_zoo.tiny_config("mamba2"))
     c = cost(np.arange(1, 25))
@@ -169,7 +189,7 @@ def test_scan_cost_steps_with_the_chunk():
 
 
 def test_refused_mixers_say_why():
-    for name in ("zamba2", "kimi_linear", "rwkv", "xlstm", "recurrent_gemma", "bailing_hybrid"):
+    for name in ("kimi_linear", "rwkv", "xlstm", "recurrent_gemma", "bailing_hybrid"):
         with pytest.raises(ValueError, match=f"{name}: .*(count|run)"):
             packkit.transformer_cost(model_zoo.tiny_config(name))
 

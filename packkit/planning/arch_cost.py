@@ -247,6 +247,7 @@ def _cost_of(config, include_lm_head: bool):
     recurrent = sum(_recurrent_flops(config) for k, _ in kinds if k == "linear_attention")
     model, has_head = _build_meta(config)  # after every figure is read: a missing one is named, not a crash inside
     macs = _matmul_weights(model, top_k or 1, num_experts or 0, include_lm_head)
+    macs -= mixer_cost.unused_adapter_macs(model)  # Zamba2: each layer runs one of the adapters it holds
     if include_lm_head and not has_head:
         macs += float(_first(config, ("hidden_size",), "the hidden size")) * float(config.vocab_size)
     linear = 6.0 * macs + recurrent

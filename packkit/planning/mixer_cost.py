@@ -19,6 +19,10 @@ transformers' torch reference differs from the kernels in two places, both named
 counts against torch's FLOP counter: it repeats B and C to every head (``C B^T`` per head, not per group) and
 passes the state between chunks as a ``(c + 1) x (c + 1)`` matmul where the kernel scans ``c`` chunks.
 
+**Zamba2**'s hybrid layers each hold a copy of a shared transformer block (weights tied) with the adapters of every
+hybrid layer sharing that block, and run one adapter set (their own): ``unused_adapter_macs`` takes the others out
+of the weight count.
+
 Families refused by name (``REFUSED``): no count here matches what their kernels compute, or the meta model's
 weights do not say how often each runs.
 """
@@ -30,14 +34,14 @@ import numpy as np
 
 # model types whose "linear_attention" layers are the Mamba mixers counted here; "hybrid" layers of Falcon-H1 run
 # a Mamba 2 mixer beside full attention
-SCAN_FAMILIES = ("mamba", "falcon_mamba", "jamba", "mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1")
-HYBRID_FULL_ATTENTION = ("falcon_h1",)
+SCAN_FAMILIES = ("mamba", "falcon_mamba", "jamba", "mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1",
+                 "zamba2")
+HYBRID_FULL_ATTENTION = ("falcon_h1", "zamba2")
 REFUSED = {
-    "zamba": "its shared transformer blocks run at several layers with per-layer adapters: how often each weight "
-             "runs is not in the model's structure",
-    "zamba2": "its shared transformer blocks run at several layers with per-layer adapters: how often each weight "
-              "runs is not in the model's structure",
-    "kimi_linear": "its KDA layers (chunked delta rule with per-channel gates) have no validated count",
+    "zamba": "its Mamba 1 mixers and shared attention blocks have no validated count (Zamba2 has)",
+    "kimi_linear": "its KDA layers have no validated count: transformers' torch reference computes the per-channel "
+                   "decayed (query, key) products elementwise and inverts each chunk row by row, while fla's kernel "
+                   "uses sub-chunk matmuls, so no FLOP count of the reference is the kernel's",
     "bailing_hybrid": "its gated linear-attention layers have no validated count",
     "rwkv": "its WKV recurrence has no validated count",
     "xlstm": "its mLSTM / sLSTM cells have no validated count",
@@ -108,3 +112,20 @@ def scans(model, model_type: str, expected: int) -> list:
         raise ValueError(f"transformer_cost found {len(found)} Mamba mixers in {model_type}'s model where its layer "
                          f"types name {expected}; pass a cost callable")
     return found
+
+
+
+def unused_adapter_macs(model) -> float:
+    """Multiply-adds per token of adapters the meta model holds but a token does not run (module docstring): each
+    Zamba2 hybrid layer's copy of a shared block lists the adapters of every layer sharing it and runs its own."""
+    extra = 0.0
+    for name, module in model.named_modules():
+        if not name.endswith("adapter_list"):
+            continue
+        sizes = [sum(float(p.numel()) for p in entry.parameters() if p.dim() == 2) for entry in module]
+        sizes = [size for size in sizes if size]  # nn.Identity: the slots of layers of other blocks
+        if len(set(sizes)) > 1:
+            raise ValueError(f"transformer_cost: the adapters of {name} differ in size ({sorted(set(sizes))}); "
+                             "pass a cost callable")
+        extra += sum(sizes[1:])
+    return extra
