@@ -180,6 +180,27 @@ def test_control_zamba2_adapters_a_layer_does_not_run_would_be_counted():
     assert _counted(model, length) != pytest.approx(expected + 6 * unused * length, rel=1e-9)
 
 
+@pytest.mark.parametrize("name", ["qwen3_5_text", "qwen3_next", "olmo_hybrid"])
+def test_gated_deltanet_forward_counts_the_padded_chunk(name):
+    # Forward only: the backward of the reference's triangular solves adds matmuls no kernel count has (fla inverts
+    # each chunk's system in its own kernel); documents shorter than, equal to and longer than a chunk of 64.
+    from test_arch_cost import _forward_flops, _uncounted_attention
+
+    config = model_zoo.tiny_config(name)
+    cost = packkit.transformer_cost(config)
+    assert any(isinstance(s, mixer_cost.DeltaScan) for s in cost.scans)
+    model = _model(name)
+    for length in (3, 64, 100):
+        expected = (cost(np.array([length]))[0] - cost.attention(np.array([length]))[0]) / 3
+        expected += sum((m.kernel_size[0] - 1) * m.weight.numel() * 2 for m in model.modules()
+                        if isinstance(m, torch.nn.Conv1d))  # the reference conv1d's l + K - 1 outputs
+        counted = _forward_flops(config, _uncounted_attention(), length)
+        assert counted == pytest.approx(expected, rel=0.01), (name, length)
+        unpadded = expected - sum(s(np.array([length]))[0] - s(np.array([64]))[0] * length / 64 for s in cost.scans) / 3
+        if length % 64:  # control: the per-token count of before (no padded chunk) is off
+            assert counted != pytest.approx(unpadded, rel=0.01), (name, length)
+
+
 def test_scan_cost_steps_with_the_chunk():
     cost = packkit.transformer_cost(model_zoo.tiny_config("mamba2"))
     c = cost(np.arange(1, 25))

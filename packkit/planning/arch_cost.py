@@ -16,10 +16,10 @@ Two parts, forward + backward = 3 x forward (as ``cost_model``):
 
 Recurrent layers, per token and head: Gated DeltaNet (Qwen3.5, Qwen3-Next, OLMo-hybrid: ``linear_num_value_heads``,
 ``linear_key_head_dim`` ``d_k``, ``linear_value_head_dim`` ``d_v``) in the chunked form its kernels run (fla's, and
-transformers' torch fallback: chunks of ``C = 64``), ``C * (2 d_k + d_v)`` multiply-adds within the chunk and
-``3 d_k d_v`` through the state. Short convolutions (LFM2 ``conv`` layers) are their weights. Mamba 1 and 2 mixers
-(Mamba, FalconMamba, Jamba, Mamba2, Bamba, Granite-4 hybrid, Nemotron-H, Falcon-H1) add their scan per document
-(``mixer_cost``: chunked, so not linear in ``l``). Other recurrent mixers (Zamba's shared blocks, KDA, RWKV, xLSTM,
+transformers' torch fallback: chunks of ``C = 64``, the last one computed whole), ``C * (2 d_k + d_v)`` multiply-adds
+within the chunk and ``3 d_k d_v`` through the state, per padded token (``mixer_cost.DeltaScan``). Short convolutions (LFM2 ``conv`` layers) are their weights. Mamba 1 and 2 mixers
+(Mamba, FalconMamba, Jamba, Mamba2, Bamba, Granite-4 hybrid, Nemotron-H, Falcon-H1, Zamba2) add their scan per
+document (``mixer_cost``: chunked, so not linear in ``l``). Other recurrent mixers (KDA, Zamba v1, RWKV, xLSTM,
 RG-LRU) have no validated count here: their configs raise ``ValueError`` naming the model type and why (pass a cost
 callable), as do a layer type this module has no count for and a missing figure (never a silent dense count).
 """
@@ -124,15 +124,12 @@ def _head_sizes(config) -> tuple:
     return heads, int(d), int(d)
 
 
-_DELTA_CHUNK = 64
-
-
-def _recurrent_flops(config) -> float:
-    """Training FLOPs per token of one Gated DeltaNet layer's token mixing (module docstring)."""
+def _delta_scan(config):
+    """One Gated DeltaNet layer's chunked delta rule (module docstring)."""
     heads = int(_first(config, ("linear_num_value_heads",), "the linear-attention value heads"))
     d_k = int(_first(config, ("linear_key_head_dim",), "the linear-attention key head size"))
     d_v = int(_first(config, ("linear_value_head_dim",), "the linear-attention value head size"))
-    return 3.0 * 2 * heads * (_DELTA_CHUNK * (2 * d_k + d_v) + 3 * d_k * d_v)
+    return mixer_cost.DeltaScan(heads, d_k, d_v)
 
 
 def _build_meta(config):
@@ -244,16 +241,16 @@ def _cost_of(config, include_lm_head: bool):
     num_experts = _first(config, _NUM_EXPERTS, "", False)
     if num_experts and not top_k:
         raise ValueError(f"a {config.model_type} config with {num_experts} experts needs num_experts_per_tok")
-    recurrent = sum(_recurrent_flops(config) for k, _ in kinds if k == "linear_attention")
+    deltas = tuple(_delta_scan(config) for k, _ in kinds if k == "linear_attention")
     model, has_head = _build_meta(config)  # after every figure is read: a missing one is named, not a crash inside
     macs = _matmul_weights(model, top_k or 1, num_experts or 0, include_lm_head)
     macs -= mixer_cost.unused_adapter_macs(model)  # Zamba2: each layer runs one of the adapters it holds
     if include_lm_head and not has_head:
         macs += float(_first(config, ("hidden_size",), "the hidden size")) * float(config.vocab_size)
-    linear = 6.0 * macs + recurrent
-    scans = ()
+    linear = 6.0 * macs
+    scans = deltas
     if config.model_type in mixer_cost.SCAN_FAMILIES:
-        scans = tuple(mixer_cost.scans(model, config.model_type, sum(k in ("scan", "hybrid") for k, _ in kinds)))
+        scans += tuple(mixer_cost.scans(model, config.model_type, sum(k in ("scan", "hybrid") for k, _ in kinds)))
     pair = 6.0 * heads * (d_qk + d_v)
     layers = [(k, limit, pair if k in ("full", "window", "chunk", "hybrid") else 0.0) for k, limit in kinds]
     return config.model_type, linear, layers, scans

@@ -71,6 +71,26 @@ class Mamba2Scan(NamedTuple):
         return 3.0 * (2 * self.matmul_macs(lengths) + self.elementwise(lengths))
 
 
+class DeltaScan(NamedTuple):
+    """Gated DeltaNet's chunked delta rule (``arch_cost``'s docstring): ``Q (2 d_k + d_v) + 3 d_k d_v`` multiply-adds
+    per head and padded token, chunks of ``Q = 64`` computed whole (fla's kernels and transformers' reference)."""
+    heads: int
+    d_k: int
+    d_v: int
+    chunk: int = 64
+
+    def matmul_macs(self, lengths) -> np.ndarray:
+        h, dk, dv, q = (float(v) for v in self)
+        padded = np.ceil(np.asarray(lengths, dtype=np.float64) / q) * q
+        return padded * h * (q * (2 * dk + dv) + 3 * dk * dv)
+
+    def elementwise(self, lengths) -> np.ndarray:
+        return np.zeros(np.shape(lengths))
+
+    def __call__(self, lengths) -> np.ndarray:
+        return 6.0 * self.matmul_macs(lengths)
+
+
 class Mamba1Scan(NamedTuple):
     channels: int
     state: int
