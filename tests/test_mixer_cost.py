@@ -5,9 +5,10 @@ than a scan chunk (8) and not a multiple of it.
 * Matmuls and convolutions: torch's FLOP counter over a whole training step equals ``cost(l)`` exactly, after
   three stated differences between transformers' torch reference and the kernels the cost counts: (1) the
   reference's causal conv1d computes ``l + K - 1`` outputs (zero padding both sides, then sliced), the kernel
-  ``l``; (2) the Mamba 2 reference repeats B and C to every head (``C B^T`` per head, not per group) and passes the
-  state between chunks as a ``(c + 1) x (c + 1)`` matmul where the kernel scans; (3) eager attention computes the
-  whole ``l x l`` square where the cost counts causal pairs. torch's counter counts a grouped convolution's backward
+  ``l``; (2) the Mamba 2 reference pads each document to whole chunks (mamba-ssm chunks the packed row), repeats B
+  and C to every head (``C B^T`` per head, not per group) and passes the state between chunks as a
+  ``(c + 1) x (c + 1)`` matmul where the kernel scans; (3) eager attention computes the whole ``l x l`` square where
+  the cost counts causal pairs. torch's counter counts a grouped convolution's backward
   as a dense one (groups ignored), so the convolutions' forward count is taken twice for their backward.
 * Elementwise recurrence: the operations of the reference scan, counted by a dispatch mode, equal the cost's count
   (Mamba 1: 6 per state entry and token; Mamba 2: 2 per in-chunk pair and head).
@@ -89,7 +90,8 @@ def _reference_excess(model, cost: DocumentCost, length: int) -> float:
         if isinstance(scan, mixer_cost.Mamba2Scan):
             h, p, n, g, q = scan
             chunks = math.ceil(length / q)
-            extra += 6.0 * (chunks * q * (h - g) * q * n + (chunks + 1) ** 2 * h * p * n)
+            padded = scan.matmul_macs(np.array([chunks * q]))[0] - scan.matmul_macs(np.array([length]))[0]
+            extra += 6.0 * (padded + chunks * q * (h - g) * q * n + (chunks + 1) ** 2 * h * p * n)
     for kind, _, flops in cost.layers:  # eager: the whole square, not the causal pairs
         if flops:
             extra += flops * (length ** 2 - length * (length + 1) / 2)
@@ -140,9 +142,12 @@ def _scan_elementwise(name, length):
     mode = _Pointwise(keep)
     with torch.no_grad(), mode:
         model(input_ids=torch.randint(3, 100, (1, length)), use_cache=False)
-    per_kernel = sum(s.elementwise(np.array([length]))[0] for s in scans)
-    if mamba2:  # the reference passes states by matmul: its 2 P N per chunk and head are the kernel's only
-        per_kernel -= sum(math.ceil(length / s.chunk) * s.heads * 2 * s.head_dim * s.state for s in scans)
+    if mamba2:  # the reference pads each document to whole chunks, and passes states by matmul: 2 P N per chunk
+        padded = math.ceil(length / scans[0].chunk) * scans[0].chunk  # and head are the kernel's only
+        per_kernel = sum(s.elementwise(np.array([padded]))[0] - padded // s.chunk * s.heads * 2 * s.head_dim * s.state
+                         for s in scans)
+    else:
+        per_kernel = sum(s.elementwise(np.array([length]))[0] for s in scans)
     return mode.total, per_kernel
 
 
@@ -157,9 +162,9 @@ def test_control_a_wrong_count_fails():
     counted, expected = _scan_elementwise("mamba", 13)
     d, n = mixer_cost.scan_of(_model("mamba").backbone.layers[0].mixer)
     assert counted != expected - 13 * d * n * 2  # one elementwise op per state entry too few (two layers)
-    scan = mixer_cost.Mamba2Scan(4, 32, 8, 1, 8)
-    unpadded = np.array([9.0]) * (8 * 8 + 4 * 8 * 32 + 2 * 4 * 8 * 32)  # 9 tokens, no padded chunk
-    assert scan.matmul_macs(np.array([9]))[0] > 1.5 * unpadded[0]  # the padded second chunk is counted
+    scan = mixer_cost.DeltaScan(2, 8, 8)
+    unpadded = 9.0 * 2 * (64 * 24 + 3 * 64)  # 9 tokens, no padded chunk
+    assert scan.matmul_macs(np.array([9]))[0] > 5 * unpadded  # fla computes the whole chunk of 64
     model = _model("mamba2")
     cost = packkit.transformer_cost(model_zoo.tiny_config("mamba2"))
     wrong = DocumentCost(cost.model_type, cost.linear, cost.layers)  # the scans left out
@@ -201,12 +206,12 @@ def test_gated_deltanet_forward_counts_the_padded_chunk(name):
             assert counted != pytest.approx(unpadded, rel=0.01), (name, length)
 
 
-def test_scan_cost_steps_with_the_chunk():
-    cost = packkit.transformer_cost(model_zoo.tiny_config("mamba2"))
-    c = cost(np.arange(1, 25))
-    steps = np.diff(c)
+def test_delta_rule_cost_steps_with_the_chunk_and_mamba2_does_not():
+    steps = np.diff(packkit.transformer_cost(model_zoo.tiny_config("qwen3_5_text"))(np.arange(1, 140)))
     assert np.all(steps > 0)
-    assert steps[7] > 1.2 * steps[6] and steps[15] > 1.2 * steps[14]  # 8 -> 9, 16 -> 17: a new chunk starts
+    assert steps[63] > 1.2 * steps[62] and steps[127] > 1.2 * steps[126]  # 64 -> 65, 128 -> 129: a new chunk
+    steps = np.diff(packkit.transformer_cost(model_zoo.tiny_config("mamba2"))(np.arange(1, 25)))
+    assert np.allclose(steps, steps[0])  # mamba-ssm chunks the packed row: per token
 
 
 def test_refused_mixers_say_why():

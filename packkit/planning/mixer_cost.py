@@ -2,22 +2,24 @@
 (its Linears and short convolution are counted with every other weight by ``arch_cost``). Forward + backward =
 3 x forward, as everywhere in ``transformer_cost``.
 
-**Mamba 2** (SSD, chunked: Mamba2, Bamba, Granite-4 hybrid, Nemotron-H, Falcon-H1), per layer: ``H`` heads of
-``P`` channels, state ``N``, ``G`` groups of B / C, chunks of ``Q``. mamba-ssm's ``mamba_chunk_scan_combined``
-(and transformers' torch reference of it) cuts a document into ``c = ceil(l / Q)`` chunks and computes every
-chunk whole (the reference pads the last one; the kernel's tiles cover it), so the cost steps with ``l mod Q``.
-Per chunk, multiply-adds: ``C B^T`` per group ``G Q^2 N``, ``(C B^T * decay) x`` per head ``H Q^2 P``, the chunk's
-final state ``B^T x`` and the output from the incoming state ``C s`` per head ``2 H Q N P``. Elementwise, per chunk
-and head: the decay mask ``exp(segsum)`` and its product with ``C B^T`` (``2 Q^2``), and the state passed from chunk to
-chunk, ``s = exp(a) s + s_c`` (``2 P N``).
+**Mamba 2** (SSD, chunked: Mamba2, Bamba, Granite-4 hybrid, Nemotron-H, Falcon-H1, Zamba2), per layer: ``H`` heads
+of ``P`` channels, state ``N``, ``G`` groups of B / C, chunks of ``Q``. mamba-ssm's ``mamba_chunk_scan_combined``
+cuts the packed row (not each document: ``seq_idx`` masks the documents apart inside a chunk) into chunks of ``Q``,
+so a document costs per token. Per chunk, multiply-adds: ``C B^T`` per group ``G Q^2 N``, ``(C B^T * decay) x`` per
+head ``H Q^2 P``, the chunk's final state ``B^T x`` and the output from the incoming state ``C s`` per head
+``2 H Q N P``. Elementwise, per chunk and head: the decay mask ``exp(segsum)`` and its product with ``C B^T``
+(``2 Q^2``), and the state passed from chunk to chunk, ``s = exp(a) s + s_c`` (``2 P N``). Divided by ``Q``: per
+token. (fla's Gated DeltaNet kernels, by contrast, chunk each ``cu_seqlens`` document on its own: ``DeltaScan``
+counts the padded last chunk.)
 
 **Mamba 1** (selective scan: Mamba, FalconMamba, Jamba), per layer of ``D`` channels and state ``N``, per token:
 the output ``y = C h`` (``D N`` multiply-adds) and the recurrence ``h = exp(A dt) h + (dt B) u`` (6 elementwise
 operations per state entry: ``A dt``, ``exp``, ``dt B``, ``(dt B) u``, ``exp(A dt) h``, ``+``): linear in ``l``.
 
-transformers' torch reference differs from the kernels in two places, both named in the tests that check these
-counts against torch's FLOP counter: it repeats B and C to every head (``C B^T`` per head, not per group) and
-passes the state between chunks as a ``(c + 1) x (c + 1)`` matmul where the kernel scans ``c`` chunks.
+transformers' torch reference of the Mamba 2 scan (which packkit's per-document stand-in runs where mamba-ssm is
+absent) differs from the kernel in three places, all named in the tests that check these counts against torch's
+FLOP counter: it pads each document to ``c = ceil(l / Q)`` whole chunks, repeats B and C to every head (``C B^T`` per
+head, not per group), and passes the state between chunks as a ``(c + 1) x (c + 1)`` matmul where the kernel scans.
 
 **Zamba2**'s hybrid layers each hold a copy of a shared transformer block (weights tied) with the adapters of every
 hybrid layer sharing that block, and run one adapter set (their own): ``unused_adapter_macs`` takes the others out
@@ -42,7 +44,8 @@ REFUSED = {
     "kimi_linear": "its KDA layers have no validated count: transformers' torch reference computes the per-channel "
                    "decayed (query, key) products elementwise and inverts each chunk row by row, while fla's kernel "
                    "uses sub-chunk matmuls, so no FLOP count of the reference is the kernel's",
-    "bailing_hybrid": "its gated linear-attention layers have no validated count",
+    "bailing_hybrid": "its linear-attention layers run KDA (chunk_kimi_delta_attention), which has no validated "
+                      "count (see kimi_linear)",
     "rwkv": "its WKV recurrence has no validated count",
     "xlstm": "its mLSTM / sLSTM cells have no validated count",
     "recurrent_gemma": "its RG-LRU recurrence and local attention blocks have no validated count",
@@ -59,13 +62,11 @@ class Mamba2Scan(NamedTuple):
     def matmul_macs(self, lengths) -> np.ndarray:
         """Forward multiply-adds of the chunked scan (module docstring) for documents of ``lengths`` tokens."""
         h, p, n, g, q = (float(v) for v in self)
-        padded = np.ceil(np.asarray(lengths, dtype=np.float64) / q) * q
-        return padded * (g * q * n + h * q * p + 2 * h * n * p)
+        return np.asarray(lengths, dtype=np.float64) * (g * q * n + h * q * p + 2 * h * n * p)
 
     def elementwise(self, lengths) -> np.ndarray:
         h, p, n, _, q = (float(v) for v in self)
-        chunks = np.ceil(np.asarray(lengths, dtype=np.float64) / q)
-        return chunks * h * (2 * q * q + 2 * p * n)
+        return np.asarray(lengths, dtype=np.float64) * h * (2 * q + 2 * p * n / q)
 
     def __call__(self, lengths) -> np.ndarray:
         return 3.0 * (2 * self.matmul_macs(lengths) + self.elementwise(lengths))
