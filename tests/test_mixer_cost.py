@@ -17,6 +17,7 @@ than a scan chunk (8) and not a multiple of it.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -55,6 +56,7 @@ def _config(name):
     return model_zoo.tiny_config(name)
 
 
+@functools.lru_cache(maxsize=4)  # models are only counted (their weights' gradients accumulate, unread)
 def _model(name, **overrides):
     config = _config(name)
     for key, value in overrides.items():
