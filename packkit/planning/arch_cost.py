@@ -14,14 +14,15 @@ Two parts, forward + backward = 3 x forward (as ``cost_model``):
   sliding window ``w`` (a query sees keys less than ``w`` back, transformers' rule) ``sum_i min(i + 1, w)``, chunks
   of ``c`` (Llama 4) the full count of each chunk; linear-attention and state-space layers have none.
 
-Recurrent layers, per token and head: Gated DeltaNet (Qwen3.5, Qwen3-Next, OLMo-hybrid: ``linear_num_value_heads``,
-``linear_key_head_dim`` ``d_k``, ``linear_value_head_dim`` ``d_v``) in the chunked form its kernels run (fla's, and
-transformers' torch fallback: chunks of ``C = 64``, the last one computed whole), ``C * (2 d_k + d_v)`` multiply-adds
-within the chunk and ``3 d_k d_v`` through the state, per padded token (``mixer_cost.DeltaScan``). Short convolutions (LFM2 ``conv`` layers) are their weights. Mamba 1 and 2 mixers
-(Mamba, FalconMamba, Jamba, Mamba2, Bamba, Granite-4 hybrid, Nemotron-H, Falcon-H1, Zamba2) add their scan per
-document (``mixer_cost``: chunked, so not linear in ``l``). Other recurrent mixers (KDA, Zamba v1, RWKV, xLSTM,
-RG-LRU) have no validated count here: their configs raise ``ValueError`` naming the model type and why (pass a cost
-callable), as do a layer type this module has no count for and a missing figure (never a silent dense count).
+Recurrent layers (``mixer_cost``, added per document): Gated DeltaNet (Qwen3.5, Qwen3-Next, OLMo-hybrid:
+``linear_num_value_heads``, ``linear_key_head_dim`` ``d_k``, ``linear_value_head_dim`` ``d_v``) in the chunked form
+its kernels run (fla's, per ``cu_seqlens`` document, and transformers' torch fallback: chunks of ``C = 64``, the last
+one computed whole), per head and padded token ``C * (2 d_k + d_v)`` multiply-adds within the chunk and
+``3 d_k d_v`` through the state; Mamba 1 and 2 mixers (Mamba, FalconMamba, Jamba, Mamba2, Bamba, Granite-4 hybrid,
+Nemotron-H, Falcon-H1, Zamba2), per token. Short convolutions (LFM2 ``conv`` layers) are their weights. Other
+recurrent mixers (KDA, Zamba v1, RWKV, xLSTM, RG-LRU) have no validated count here: their configs raise
+``ValueError`` naming the model type and why (pass a cost callable), as do a layer type this module has no count for
+and a missing figure (never a silent dense count).
 """
 from __future__ import annotations
 
