@@ -8,7 +8,10 @@ Run from the repository root::
     python benchmarks/bench_arch_cost.py --vlm-only # the Qwen3-VL-with-images rows alone (~20 s)
 
 Configs (public sizes): Gemma 3 27B (sliding window 1,024 on 5 of every 6 layers), GPT-OSS-20B (window 128 on every
-other layer, 32 experts, top 4), Qwen3-Next-80B-A3B (Gated DeltaNet on 3 of every 4 layers, 512 experts, top 10).
+other layer, 32 experts, top 4), Qwen3-Next-80B-A3B (Gated DeltaNet on 3 of every 4 layers, 512 experts, top 10),
+Qwen3.5 (transformers' default text config: Gated DeltaNet on 3 of every 4 layers), Nemotron-H-8B (Mamba 2, chunked
+scan; 24 Mamba 2, 4 attention and 24 MLP layers), Jamba-v0.1 (Mamba 1 on 7 of every 8 layers, 16 experts, top 2).
+``--models`` picks some (a substring of the name).
 The "old" cost is what ``transformer_cost(config)`` returned before: the dense-Llama ``(a, b)`` read from the
 config's sizes (every layer full attention, every expert counted as one MLP of ``intermediate_size``). The truth
 both plans are scored by is the per-architecture cost (checked against torch's FLOP counter on tiny models:
@@ -58,7 +61,22 @@ def configs() -> dict:
         shared_expert_intermediate_size=512, vocab_size=151936, linear_num_value_heads=32, linear_num_key_heads=16,
         linear_key_head_dim=128, linear_value_head_dim=128,
         layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 12)
-    return {"Gemma 3 27B": gemma, "GPT-OSS-20B": gpt_oss, "Qwen3-Next-80B-A3B": qwen_next}
+    qwen35 = AutoConfig.for_model(  # transformers' Qwen3.5 defaults: Gated DeltaNet on 3 of every 4 layers
+        "qwen3_5_text", hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_attention_heads=16,
+        num_key_value_heads=4, head_dim=256, vocab_size=248320, linear_num_value_heads=32, linear_num_key_heads=16,
+        linear_key_head_dim=128, linear_value_head_dim=128,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 8)
+    # Nemotron-H-8B sizes (Mamba 2: 128 heads of 64, state 128, 8 groups, chunks of 128); 52 layers: 24 Mamba 2,
+    # 4 attention, 24 MLP
+    pattern = "M-" * 6 + "*" + "M-" * 6 + "*" + "M-" * 6 + "*" + "M-" * 6 + "*"
+    assert (len(pattern), pattern.count("M"), pattern.count("*")) == (52, 24, 4)
+    nemotron = AutoConfig.for_model(
+        "nemotron_h", hidden_size=4096, intermediate_size=21504, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=128, vocab_size=131072, mamba_num_heads=128, mamba_head_dim=64, ssm_state_size=128, n_groups=8,
+        chunk_size=128, hybrid_override_pattern=pattern)
+    jamba = AutoConfig.for_model("jamba")  # transformers' defaults: Jamba-v0.1 (52B; Mamba 1 on 7 of every 8 layers)
+    return {"Gemma 3 27B": gemma, "GPT-OSS-20B": gpt_oss, "Qwen3-Next-80B-A3B": qwen_next, "Qwen3.5 (9B shape)": qwen35,
+            "Nemotron-H-8B": nemotron, "Jamba-v0.1": jamba}
 
 
 def workloads(n: int) -> dict:
@@ -133,11 +151,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 2,000 documents")
     parser.add_argument("--vlm-only", action="store_true", help="only the Qwen3-VL-with-images rows")
+    parser.add_argument("--models", nargs="*", default=None, help="only configs whose name contains one of these")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/arch_cost_cpu.json)")
     args = parser.parse_args()
     rows = []
     print(f"{'model':20s} {'workload':18s} {'old cost: balance':>18s} {'new cost: balance':>18s} {'old a/b err':>12s}")
     for model, config in ({} if args.vlm_only else configs()).items():
+        if args.models and not any(m.lower() in model.lower() for m in args.models):
+            continue
         truth = packkit.transformer_cost(config)
         old = packkit.transformer_cost(**_read_config(config))  # the dense-Llama pair of the same sizes
         for name, lengths in workloads(2000 if args.quick else 20000).items():

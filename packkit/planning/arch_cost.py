@@ -14,13 +14,15 @@ Two parts, forward + backward = 3 x forward (as ``cost_model``):
   sliding window ``w`` (a query sees keys less than ``w`` back, transformers' rule) ``sum_i min(i + 1, w)``, chunks
   of ``c`` (Llama 4) the full count of each chunk; linear-attention and state-space layers have none.
 
-Recurrent layers, per token and head: Gated DeltaNet (Qwen3.5, Qwen3-Next, OLMo-hybrid: ``linear_num_value_heads``,
-``linear_key_head_dim`` ``d_k``, ``linear_value_head_dim`` ``d_v``) in the chunked form its kernels run (fla's, and
-transformers' torch fallback: chunks of ``C = 64``), ``C * (2 d_k + d_v)`` multiply-adds within the chunk and
-``3 d_k d_v`` through the state. Short convolutions (LFM2 ``conv`` layers) are their weights. Other recurrent mixers
-(Mamba 1/2 scans, KDA, RWKV, xLSTM, RG-LRU) have no validated count here: their configs raise ``ValueError`` naming the
-model type (pass a cost callable), as do a layer type this module has no count for and a missing figure (never a
-silent dense count).
+Recurrent layers (``mixer_cost``, added per document): Gated DeltaNet (Qwen3.5, Qwen3-Next, OLMo-hybrid:
+``linear_num_value_heads``, ``linear_key_head_dim`` ``d_k``, ``linear_value_head_dim`` ``d_v``) in the chunked form
+its kernels run (fla's, per ``cu_seqlens`` document, and transformers' torch fallback: chunks of ``C = 64``, the last
+one computed whole), per head and padded token ``C * (2 d_k + d_v)`` multiply-adds within the chunk and
+``3 d_k d_v`` through the state; Mamba 1 and 2 mixers (Mamba, FalconMamba, Jamba, Mamba2, Bamba, Granite-4 hybrid,
+Nemotron-H, Falcon-H1, Zamba2), per token. Short convolutions (LFM2 ``conv`` layers) are their weights. Other
+recurrent mixers (KDA, Zamba v1, RWKV, xLSTM, RG-LRU) have no validated count here: their configs raise
+``ValueError`` naming the model type and why (pass a cost callable), as do a layer type this module has no count for
+and a missing figure (never a silent dense count).
 """
 from __future__ import annotations
 
@@ -30,12 +32,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from . import mixer_cost
+
 _ATTENTION = {"full_attention": "full", "attention": "full", "global": "full", "sliding_attention": "window",
               "local": "window", "chunked_attention": "chunk"}
 _LINEAR_ATTENTION = {"linear_attention"}
 _CONV = {"conv"}  # LFM2 short convolutions: their weights are all their cost
-# Families whose token mixing is all recurrent (no layer_types to read): no validated count.
-_RECURRENT_ONLY = ("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma")
+_NO_MIXING = {"mlp", "moe"}  # Nemotron-H layers of an MLP / MoE alone: their weights are all their cost
 _TOP_K = ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k", "moe_top_k")
 _NUM_EXPERTS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
 
@@ -53,10 +56,12 @@ def _first(config, names, what: str, required: bool = True):
 
 def layer_kinds(config) -> list:
     """Each decoder layer's kind and limit: ``("full", None)``, ``("window", w)``, ``("chunk", c)``,
-    ``("linear_attention", None)`` or ``("conv", None)``."""
+    ``("linear_attention", None)``, ``("conv", None)``, ``("scan", None)`` (a Mamba mixer) or ``("hybrid", None)``
+    (full attention beside a Mamba mixer: Falcon-H1)."""
     model_type = str(getattr(config, "model_type", "model"))
-    if model_type in _RECURRENT_ONLY:
-        raise ValueError(f"transformer_cost has no count for {model_type}'s recurrent layers; pass a cost callable")
+    reason = mixer_cost.refusal(model_type)
+    if reason:
+        raise ValueError(f"transformer_cost has no count for {model_type}: {reason}; pass a cost callable")
     layers = int(_first(config, ("num_hidden_layers", "n_layer", "num_layers"), "the layer count"))
     types = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None)
     if not types:
@@ -76,13 +81,17 @@ def layer_kinds(config) -> list:
             elif kind == "chunk":
                 limit = _first(config, ("attention_chunk_size",), "the attention chunk size")
             kinds.append((kind, None if limit is None else int(limit)))
+        elif t in _LINEAR_ATTENTION and model_type in mixer_cost.SCAN_FAMILIES:
+            kinds.append(("scan", None))
+        elif t == "hybrid" and model_type in mixer_cost.HYBRID_FULL_ATTENTION:
+            kinds.append(("hybrid", None))
         elif t in _LINEAR_ATTENTION:
             if getattr(config, "linear_num_value_heads", None) is None:  # a Mamba / KDA mixer, not Gated DeltaNet
                 raise ValueError(f"transformer_cost has no count for the linear-attention layers of {model_type} "
                                  "(a recurrent mixer other than Gated DeltaNet); pass a cost callable")
             kinds.append(("linear_attention", None))
-        elif t in _CONV:
-            kinds.append(("conv", None))
+        elif t in _CONV or t in _NO_MIXING:
+            kinds.append((t if t in _CONV else "mlp", None))
         else:
             raise ValueError(f"transformer_cost has no count for layer type {t!r} ({model_type}); pass a cost callable")
     return kinds
@@ -91,7 +100,7 @@ def layer_kinds(config) -> list:
 def pairs(kind: str, limit, lengths: np.ndarray) -> np.ndarray:
     """(query, key) pairs one layer of ``kind`` computes for documents of ``lengths`` tokens (causal)."""
     l = np.asarray(lengths, dtype=np.float64)
-    if kind == "full":
+    if kind in ("full", "hybrid"):
         return l * (l + 1) / 2
     if kind == "window":  # sum_i min(i + 1, w)
         w = float(limit)
@@ -116,15 +125,12 @@ def _head_sizes(config) -> tuple:
     return heads, int(d), int(d)
 
 
-_DELTA_CHUNK = 64
-
-
-def _recurrent_flops(config) -> float:
-    """Training FLOPs per token of one Gated DeltaNet layer's token mixing (module docstring)."""
+def _delta_scan(config):
+    """One Gated DeltaNet layer's chunked delta rule (module docstring)."""
     heads = int(_first(config, ("linear_num_value_heads",), "the linear-attention value heads"))
     d_k = int(_first(config, ("linear_key_head_dim",), "the linear-attention key head size"))
     d_v = int(_first(config, ("linear_value_head_dim",), "the linear-attention value head size"))
-    return 3.0 * 2 * heads * (_DELTA_CHUNK * (2 * d_k + d_v) + 3 * d_k * d_v)
+    return mixer_cost.DeltaScan(heads, d_k, d_v)
 
 
 def _build_meta(config):
@@ -151,6 +157,8 @@ def _matmul_weights(model, top_k, num_experts, include_lm_head: bool) -> float:
             continue
         routed = "experts" in parts
         for pname, param in module.named_parameters(recurse=False):
+            if pname == "A_log":  # a Mamba 1 state matrix: elementwise (mixer_cost), not a matmul weight
+                continue
             if param.dim() == 2 or isinstance(module, torch.nn.Conv1d) and pname == "weight":
                 n = float(param.numel())
             elif param.dim() == 3 and routed:  # fused experts: [E, out, in]
@@ -170,10 +178,11 @@ class DocumentCost:
     ``pair_flops``. Pass it as ``cost=`` to :func:`packkit.plan` and the samplers. Not an ``(a, b)`` pair: windowed,
     chunked and recurrent layers make the cost no single quadratic (``iter`` raises TypeError saying so)."""
 
-    def __init__(self, model_type: str, linear: float, layers: list):
+    def __init__(self, model_type: str, linear: float, layers: list, scans: tuple = ()):
         self.model_type = model_type
         self.linear = float(linear)
         self.layers = [(kind, limit, float(f)) for kind, limit, f in layers]  # (kind, limit, FLOPs per pair)
+        self.scans = tuple(scans)  # mixer_cost scans: each a callable, training FLOPs per document
 
     def attention(self, lengths) -> np.ndarray:
         out = np.zeros(np.shape(lengths), dtype=np.float64)
@@ -184,32 +193,36 @@ class DocumentCost:
 
     def __call__(self, lengths) -> np.ndarray:
         l = np.asarray(lengths, dtype=np.float64)
-        return self.linear * l + self.attention(l)
+        out = self.linear * l + self.attention(l)
+        for scan in self.scans:
+            out += scan(l)
+        return out
 
     def __iter__(self):
         raise TypeError(f"the cost of {self.model_type} (layers: {sorted({k for k, _, _ in self.layers})}) is no "
                         "(a, b) pair; pass transformer_cost(config) itself as cost=")
 
     def __eq__(self, other):
-        return isinstance(other, DocumentCost) and (self.model_type, self.linear, self.layers) == (
-            other.model_type, other.linear, other.layers)
+        return isinstance(other, DocumentCost) and (self.model_type, self.linear, self.layers, self.scans) == (
+            other.model_type, other.linear, other.layers, other.scans)
 
     def __hash__(self):
-        return hash((self.model_type, self.linear, tuple(self.layers)))
+        return hash((self.model_type, self.linear, tuple(self.layers), self.scans))
 
     def __repr__(self):
         kinds = {}
         for kind, limit, _ in self.layers:
             key = kind if limit is None else f"{kind} {limit}"
             kinds[key] = kinds.get(key, 0) + 1
-        return f"DocumentCost({self.model_type}: {self.linear:.4g} FLOPs/token; layers {kinds})"
+        scans = f"; {len(self.scans)} scans" if self.scans else ""
+        return f"DocumentCost({self.model_type}: {self.linear:.4g} FLOPs/token; layers {kinds}{scans})"
 
 
 def _config_key(config) -> str:
     return json.dumps(config.to_dict(), sort_keys=True, default=str)
 
 
-_CACHE: dict = {}  # config JSON -> (model_type, linear, layers): a meta model is built once per config
+_CACHE: dict = {}  # config JSON -> (model_type, linear, layers, scans): a meta model is built once per config
 
 
 def _model_cost(config, include_lm_head: bool):
@@ -223,20 +236,25 @@ def _model_cost(config, include_lm_head: bool):
 
 def _cost_of(config, include_lm_head: bool):
     kinds = layer_kinds(config)
-    heads, d_qk, d_v = _head_sizes(config)
+    attends = any(k in ("full", "window", "chunk", "hybrid") for k, _ in kinds)
+    heads, d_qk, d_v = _head_sizes(config) if attends else (0, 0, 0)  # Mamba configs have no attention heads
     top_k = _first(config, _TOP_K, "", False)
     num_experts = _first(config, _NUM_EXPERTS, "", False)
     if num_experts and not top_k:
         raise ValueError(f"a {config.model_type} config with {num_experts} experts needs num_experts_per_tok")
-    recurrent = sum(_recurrent_flops(config) for k, _ in kinds if k == "linear_attention")
+    deltas = tuple(_delta_scan(config) for k, _ in kinds if k == "linear_attention")
     model, has_head = _build_meta(config)  # after every figure is read: a missing one is named, not a crash inside
     macs = _matmul_weights(model, top_k or 1, num_experts or 0, include_lm_head)
+    macs -= mixer_cost.unused_adapter_macs(model)  # Zamba2: each layer runs one of the adapters it holds
     if include_lm_head and not has_head:
         macs += float(_first(config, ("hidden_size",), "the hidden size")) * float(config.vocab_size)
-    linear = 6.0 * macs + recurrent
+    linear = 6.0 * macs
+    scans = deltas
+    if config.model_type in mixer_cost.SCAN_FAMILIES:
+        scans += tuple(mixer_cost.scans(model, config.model_type, sum(k in ("scan", "hybrid") for k, _ in kinds)))
     pair = 6.0 * heads * (d_qk + d_v)
-    layers = [(k, limit, pair if k in ("full", "window", "chunk") else 0.0) for k, limit in kinds]
-    return config.model_type, linear, layers
+    layers = [(k, limit, pair if k in ("full", "window", "chunk", "hybrid") else 0.0) for k, limit in kinds]
+    return config.model_type, linear, layers, scans
 
 
 def architecture_cost(config, overrides: dict, include_lm_head: bool):
@@ -255,8 +273,8 @@ def architecture_cost(config, overrides: dict, include_lm_head: bool):
         config = copy.deepcopy(config)
         for attr, value in overrides.items():
             setattr(config, attr, value)
-    model_type, linear, layers = _model_cost(config, include_lm_head)
-    if all(kind == "full" for kind, _, _ in layers):
+    model_type, linear, layers, scans = _model_cost(config, include_lm_head)
+    if all(kind == "full" for kind, _, _ in layers) and not scans:
         b = sum(f for _, _, f in layers) / 2
         return linear + b, b
-    return DocumentCost(model_type, linear, layers)
+    return DocumentCost(model_type, linear, layers, scans)
