@@ -14,8 +14,10 @@ because the trainer's ``BatchSamplerShard`` shuffles rows. So :func:`install` sw
   is a flash-attn one. A packed row is exact on ``sdpa`` and ``eager`` too: ms-swift's padding-free collator gives
   per-document ``position_ids`` and no attention mask, its trainer sets ``use_cache=False``, and transformers then
   builds the per-document causal mask from the restarting positions (checked in fp64 against the samples run one by
-  one, through ``swift sft`` itself: tests/test_swift_entry.py). So those two are let through; every other
-  implementation keeps ms-swift's refusal. At train start :func:`check_exact_attention` checks what the
+  one, through ``swift sft`` itself: tests/test_swift_entry.py). So those two are let through, and
+  ``packkit_varlen`` (registered by the plugin file), which reads the collator's ``cu_seq_lens_q`` (ms-swift's
+  Qwen-VL templates give them) or else the same restarting ``position_ids``; every other implementation keeps
+  ms-swift's refusal. At train start :func:`check_exact_attention` checks what the
   model really runs (the implementation, ``position_ids`` reaching its forward, no KV cache) and refuses otherwise.
 
 Load it with ``--external_plugins`` (ms-swift imports those files in every rank before building datasets).
@@ -32,18 +34,22 @@ FLASH_IMPLS = ("flash_attn", "flash_attention_2", "flash_attention_3", "flash_at
 # Attention implementations whose packed row equals its documents run alone when transformers sees per-document
 # position_ids, no attention_mask and no KV cache (create_causal_mask's packed-sequence detection).
 POSITION_MASKED_IMPLS = ("sdpa", "eager")
+# packkit's per-document attention: documents from the batch's cu_seq_lens_q, or else from the same position_ids.
+VARLEN_IMPL = "packkit_varlen"
+EXACT_IMPLS = POSITION_MASKED_IMPLS + (VARLEN_IMPL,)
 
 
 def check_padding_free_args(args, original) -> None:
-    """``SftArguments._check_padding_free`` with ``sdpa`` / ``eager`` allowed (see the module docstring)."""
-    if (args.padding_free or args.packing) and args.attn_impl in POSITION_MASKED_IMPLS:
+    """``SftArguments._check_padding_free`` with ``sdpa`` / ``eager`` / ``packkit_varlen`` allowed (see the module
+    docstring)."""
+    if (args.padding_free or args.packing) and args.attn_impl in EXACT_IMPLS:
         if args.packing:
             args.padding_free = True  # as ms-swift's check does: packing implies the padding-free collator
         return
     try:
         original(args)
     except ValueError as exc:
-        raise ValueError(f"{exc} With packkit's plugin, also {' or '.join(map(repr, POSITION_MASKED_IMPLS))} "
+        raise ValueError(f"{exc} With packkit's plugin, also {', '.join(map(repr, EXACT_IMPLS))} "
                          f"(documents separated by their position_ids); got attn_impl={args.attn_impl!r}") from None
 
 
@@ -65,10 +71,10 @@ def check_exact_attention(trainer) -> None:
     impl = _attention_of(trainer.model)
     if impl in FLASH_IMPLS or (impl or "").startswith("flash"):
         return  # ms-swift's own path: flash-attn reads the same position_ids
-    if impl not in POSITION_MASKED_IMPLS:
+    if impl not in EXACT_IMPLS:
         raise ValueError(f"packing / padding_free: the model runs attn_implementation={impl!r}, which does not "
                          f"separate packed documents by their position_ids; use one of "
-                         f"{FLASH_IMPLS + POSITION_MASKED_IMPLS}")
+                         f"{FLASH_IMPLS + EXACT_IMPLS}")
     base = template.get_base_model(trainer.model)
     if "position_ids" not in inspect.signature(base.forward).parameters:
         raise ValueError(f"packing / padding_free on {impl}: {type(base).__name__}.forward takes no position_ids, so "
