@@ -2,7 +2,7 @@
 
 Why a patch and not a strategy name: ``--packing_strategy`` is typed ``Literal['binpack', 'sequential']`` in
 ms-swift's arguments, so a new name is refused at parsing; and a dataset alone cannot keep a step's rows together,
-because the trainer's ``BatchSamplerShard`` shuffles rows. So :func:`install` swaps two names, nothing else:
+because the trainer's ``BatchSamplerShard`` shuffles rows. So :func:`install` swaps these names, nothing else:
 
 * ``swift.pipelines.train.sft.PackingDataset`` / ``IterablePackingDataset`` (the names ``swift sft`` builds its
   packed datasets from) -> :class:`PlannedPackingDataset` / :class:`PlannedIterablePackingDataset`;
@@ -19,6 +19,8 @@ because the trainer's ``BatchSamplerShard`` shuffles rows. So :func:`install` sw
   Qwen-VL templates give them) or else the same restarting ``position_ids``; every other implementation keeps
   ms-swift's refusal. At train start :func:`check_exact_attention` checks what the
   model really runs (the implementation, ``position_ids`` reaching its forward, no KV cache) and refuses otherwise.
+* ``Seq2SeqTrainer.compute_loss``: for a padding-free Qwen-VL batch on those implementations, the text position row
+  (which it pops before the model call) goes in front of the mRoPE rows (:func:`with_text_positions`).
 
 Load it with ``--external_plugins`` (ms-swift imports those files in every rank before building datasets).
 """
@@ -85,6 +87,21 @@ def check_exact_attention(trainer) -> None:
                              "separates packed documents only without a KV cache (set use_cache=False)")
 
 
+def with_text_positions(template, model, inputs: dict) -> dict:
+    """A padding-free Qwen-VL batch on sdpa / eager / packkit_varlen, with the text position row in front of the 3
+    mRoPE rows (``[4, 1, T]``). ms-swift's Qwen-VL collator splits it off as ``text_position_ids`` and its trainer's
+    ``compute_loss`` pops that key before the model call; with only the mRoPE rows transformers builds no
+    per-document mask, so on sdpa / eager the packed samples attend to each other (flash-attn reads the collator's
+    ``cu_seq_lens_q`` instead). The 4-row form is the one transformers documents for packed Qwen-VL input."""
+    text, pos = inputs.get("text_position_ids"), inputs.get("position_ids")
+    if (text is None or pos is None or pos.dim() != 3 or pos.shape[0] != 3 or not getattr(template, "padding_free", False)
+            or _attention_of(model) not in EXACT_IMPLS):
+        return inputs
+    import torch
+
+    return {**inputs, "position_ids": torch.cat([text.to(pos.device).reshape(1, *pos.shape[1:]), pos])}
+
+
 def _log_start(dataset, dataloader) -> None:
     from swift.utils import get_logger
 
@@ -132,6 +149,7 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
     from swift.arguments import sft_args
     from swift.pipelines.train import sft
     from swift.trainers import mixin
+    from swift.trainers.seq2seq_trainer import Seq2SeqTrainer
 
     from ...models import prepare_trainer_model
     from .dataset import PlannedIterablePackingDataset, PlannedPackingDataset
@@ -154,6 +172,12 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
         original_sampler = mixin.BatchSamplerShard
 
         original_check = sft_args.SftArguments._check_padding_free
+        original_loss = Seq2SeqTrainer.compute_loss
+
+        @functools.wraps(original_loss)
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            inputs = with_text_positions(self.template, self.model, inputs)  # self.model: not a DDP wrapper
+            return original_loss(self, model, inputs, *args, **kwargs)
 
         @functools.wraps(original_check)
         def _check_padding_free(self):
@@ -176,10 +200,11 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
             return dataloader
 
         _STATE.update(installed=True, sft=(sft.PackingDataset, sft.IterablePackingDataset),
-                      loader=original_loader, check=original_check)
+                      loader=original_loader, check=original_check, loss=original_loss)
         sft.PackingDataset, sft.IterablePackingDataset = SftPackingDataset, SftIterablePackingDataset
         mixin.DataLoaderMixin.get_train_dataloader = get_train_dataloader
         sft_args.SftArguments._check_padding_free = _check_padding_free
+        Seq2SeqTrainer.compute_loss = compute_loss
 
 
 def uninstall() -> None:
@@ -187,6 +212,7 @@ def uninstall() -> None:
     from swift.arguments import sft_args
     from swift.pipelines.train import sft
     from swift.trainers import mixin
+    from swift.trainers.seq2seq_trainer import Seq2SeqTrainer
 
     with _LOCK:
         if not _STATE.get("installed"):
@@ -194,4 +220,5 @@ def uninstall() -> None:
         sft.PackingDataset, sft.IterablePackingDataset = _STATE["sft"]
         mixin.DataLoaderMixin.get_train_dataloader = _STATE["loader"]
         sft_args.SftArguments._check_padding_free = _STATE["check"]
+        Seq2SeqTrainer.compute_loss = _STATE["loss"]
         _STATE.clear()
