@@ -35,28 +35,31 @@ def save_tiny_qwen_vl(path: Path, family: str = "qwen2_5_vl", seed: int = 0) -> 
     import transformers
 
     tok = tokenizer()
+    patch = PATCH if family == "qwen2_5_vl" else 16  # ms-swift resizes Qwen3-VL images to multiples of 16 x 2
     text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]})
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=PATCH, spatial_merge_size=2,
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=patch, spatial_merge_size=2,
                   temporal_patch_size=2, out_hidden_size=32)
     tokens = dict(image_token_id=SPECIAL["<|image_pad|>"], video_token_id=SPECIAL["<|video_pad|>"],
                   vision_start_token_id=SPECIAL["<|vision_start|>"], vision_end_token_id=SPECIAL["<|vision_end|>"],
                   tie_word_embeddings=False)
     if family == "qwen2_5_vl":
         config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(
-            vision, fullatt_block_indexes=[0], window_size=2 * PATCH * 2), **tokens)
+            vision, fullatt_block_indexes=[0], window_size=2 * patch * 2), **tokens)
         model_cls, processor_cls = transformers.Qwen2_5_VLForConditionalGeneration, transformers.Qwen2_5_VLProcessor
+        video_cls = transformers.Qwen2VLVideoProcessor
     else:
         text["rope_parameters"]["mrope_interleaved"] = True
         config = transformers.Qwen3VLConfig(text_config=text, vision_config=dict(
             vision, num_position_embeddings=64, deepstack_visual_indexes=[0]), **tokens)
         model_cls, processor_cls = transformers.Qwen3VLForConditionalGeneration, transformers.Qwen3VLProcessor
+        video_cls = transformers.Qwen3VLVideoProcessor
     torch.manual_seed(seed)
     model_cls(config).save_pretrained(path)
-    image_kw = dict(patch_size=PATCH, merge_size=2, temporal_patch_size=2, min_pixels=28 * 28, max_pixels=224 * 224)
+    image_kw = dict(patch_size=patch, merge_size=2, temporal_patch_size=2)
     processor = processor_cls(image_processor=transformers.Qwen2VLImageProcessor(**image_kw), tokenizer=tok,
-                              video_processor=transformers.Qwen2VLVideoProcessor(**image_kw))
+                              video_processor=video_cls(**image_kw))
     processor.save_pretrained(path)
 
 
