@@ -12,8 +12,8 @@ has no attention implementation that calls it; this module adds one::
 The model passes the batch's ``cu_seq_lens_q`` / ``max_length_q`` (which the collator returns) through
 to every attention layer. A call with only per-document ``position_ids`` (ms-swift's and TRL's padding-free
 collators) gets its boundaries from them, by the rule transformers' flash path applies (a document starts where
-the positions do not go up by one). On CUDA it calls ``varlen_attn`` (fp16 / bf16). On the CPU it runs packkit's per-document
-attention (``doc_attention``: torch's CPU flash kernel per document, fp32 / fp64 / bf16 / fp16, forward and
+the positions do not go up by one). On CUDA it calls ``varlen_attn`` (fp16 / bf16). On the CPU it runs packkit's
+per-document attention (``doc_attention``: torch's CPU flash kernel per document, fp32 / fp64 / bf16 / fp16, forward and
 backward), so a packed row costs ``sum(l ** 2)`` of its documents rather than the row's square (SDPA with a block
 mask), with sliding windows, chunked layers, soft-capping and attention sinks implemented exactly. Every keyword
 argument the model passes is implemented or refused by name (``attention_args.ARGUMENTS``); so is a user's

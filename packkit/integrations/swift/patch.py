@@ -94,8 +94,8 @@ def with_text_positions(template, model, inputs: dict) -> dict:
     per-document mask, so on sdpa / eager the packed samples attend to each other (flash-attn reads the collator's
     ``cu_seq_lens_q`` instead). The 4-row form is the one transformers documents for packed Qwen-VL input."""
     text, pos = inputs.get("text_position_ids"), inputs.get("position_ids")
-    if (text is None or pos is None or pos.dim() != 3 or pos.shape[0] != 3 or not getattr(template, "padding_free", False)
-            or _attention_of(model) not in EXACT_IMPLS):
+    if (text is None or pos is None or pos.dim() != 3 or pos.shape[0] != 3
+            or not getattr(template, "padding_free", False) or _attention_of(model) not in EXACT_IMPLS):
         return inputs
     import torch
 
