@@ -16,6 +16,9 @@
 # Issue 47: tests/test_swift_entry.py (`swift sft` twice: packed on sdpa through the plugin, and unpacked) measured
 # 566 s with a third, refusal run since dropped, on the 2-core VM at load average ~20 (2026-11-27); without it 300 s
 # wall at that load, 56 s of CPU (user + sys: about its wall time on a quiet machine).
+# With a third text run (--attn_impl packkit_varlen) and the Qwen2.5-VL pair (packed + unpacked, PNG images):
+# 10 passed, 1 skipped (Qwen3-VL, on request: PACKKIT_SWIFT_VL="qwen2_5_vl qwen3_vl", +62 s of CPU), 121 s of CPU,
+# 508 s wall at load average 4-10 (2026-11-27). torchvision 0.28.0 (7.7 MB) and qwen-vl-utils: seconds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source .ci/trainers/lib.sh
