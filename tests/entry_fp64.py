@@ -23,11 +23,15 @@ def causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_i
 
 
 def to_fp64(model) -> None:
-    """``model`` (a transformers Qwen2 / Llama causal LM) in float64 with the shims above."""
+    """``model`` (a transformers Qwen2 / Llama causal LM, or a Qwen-VL with its vision tower) in float64 with the
+    shims above: every RMSNorm class the model uses (a ``weight`` and a ``variance_epsilon``) computes in fp64."""
     from transformers.models.llama import modeling_llama
     from transformers.models.qwen2 import modeling_qwen2
 
     modeling_qwen2.Qwen2RMSNorm.forward = rmsnorm_in_input_dtype
     modeling_llama.LlamaRMSNorm.forward = rmsnorm_in_input_dtype
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            type(module).forward = rmsnorm_in_input_dtype
     model.to(torch.float64)
     model.loss_function = causal_lm_loss

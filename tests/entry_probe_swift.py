@@ -29,7 +29,8 @@ def __init__(self, *args, **kwargs):
 def training_step(self, model, inputs, *args, **kwargs):
     # The collated batch as the template made it (``_prepare_inputs`` later trims labels to the kept logits).
     self._probe_batch = {k: v.detach().cpu().clone() for k, v in inputs.items()
-                         if k in ("input_ids", "labels", "position_ids") and isinstance(v, torch.Tensor)}
+                         if k in ("input_ids", "labels", "position_ids", "text_position_ids", "image_grid_thw")
+                         and isinstance(v, torch.Tensor)}
     return _training_step(self, model, inputs, *args, **kwargs)
 
 
@@ -49,6 +50,7 @@ def compute_loss(self, model, inputs, *args, **kwargs):
                       world=self.args.world_size,
                       packed_idx=getattr(self.train_dataset, "packed_idx", None),
                       order=[list(b) for b in sampler] if sampler is not None else None,  # the epoch's row order
+                      keys=sorted(inputs),  # what the collator gave the model
                       attn=getattr(model.config, "_attn_implementation", None))
     record["steps"].append({**batch, "loss": float(loss.detach())})
     torch.save(record, f"{os.environ['PACKKIT_PROBE_OUT']}.{self.args.process_index}.pt")

@@ -181,3 +181,17 @@ def test_bad_configs_are_named():
         packkit.transformer_cost(config)
     with pytest.raises(TypeError, match="no \\(a, b\\) pair"):
         a, b = packkit.transformer_cost(model_zoo.tiny_config("mistral"))
+
+
+def test_a_loaded_vlm_config_is_costed_by_its_text_part():
+    """A Qwen2.5-VL config whose loader copied the text part's hidden_size to the top level (ms-swift does) but
+    not its layer count: costed by the text part, as the plain config is (it raised 'needs the layer count')."""
+    text = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]})
+    config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(depth=1, hidden_size=16,
+                                                                                  out_hidden_size=32))
+    want = packkit.transformer_cost(config.text_config)
+    assert packkit.transformer_cost(config) == want
+    config.hidden_size = 32
+    assert packkit.transformer_cost(config) == want

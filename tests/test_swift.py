@@ -153,10 +153,15 @@ def test_install_swaps_sft_datasets_and_the_sampler_only_for_planned_datasets(se
     from swift.dataloader import BatchSamplerShard
     from swift.pipelines.train import sft
     from swift.trainers import mixin
+    from swift.trainers.seq2seq_trainer import Seq2SeqTrainer
 
     from packkit.integrations.swift import install, uninstall
 
-    own = (sft.PackingDataset, sft.IterablePackingDataset, mixin.DataLoaderMixin.get_train_dataloader)
+    def names():
+        return (sft.PackingDataset, sft.IterablePackingDataset, mixin.DataLoaderMixin.get_train_dataloader,
+                Seq2SeqTrainer.compute_loss)
+
+    own = names()
     install(dp_size=1, cost="attention")
     try:
         dataset = sft.PackingDataset(template, encoded, packing_length=160)  # what swift sft builds
@@ -178,8 +183,9 @@ def test_install_swaps_sft_datasets_and_the_sampler_only_for_planned_datasets(se
         assert type(loader.batch_sampler) is BatchSamplerShard
         assert mixin.BatchSamplerShard is BatchSamplerShard  # restored after the call
     finally:
+        assert Seq2SeqTrainer.compute_loss is not own[3]  # the Qwen-VL text-position fix (patch.with_text_positions)
         uninstall()
-    assert (sft.PackingDataset, sft.IterablePackingDataset, mixin.DataLoaderMixin.get_train_dataloader) == own
+    assert names() == own
 
 
 class _Encoded:

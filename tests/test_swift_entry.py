@@ -18,6 +18,7 @@ records every step's collated batch and trainer loss. Asserted:
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,11 +46,12 @@ def assets(tmp_path_factory):
     return root
 
 
-def sft(root: Path, name: str, *extra: str, plugins=(PLUGIN,)):
+def sft(root: Path, name: str, *extra: str, plugins=(PLUGIN,), model_type="qwen2", template="qwen2_5",
+        dataset="alpaca.json", max_length=512):
     probe = root / f"probe-{name}"
-    cmd = [bin_of(PYTHON, "swift"), "sft", "--model", str(root / "model"), "--model_type", "qwen2", "--template",
-           "qwen2_5", "--dataset", str(root / "alpaca.json"), "--tuner_type", "full", "--torch_dtype", "float32",
-           "--max_length", "512", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1",
+    cmd = [bin_of(PYTHON, "swift"), "sft", "--model", str(root / "model"), "--model_type", model_type, "--template",
+           template, "--dataset", str(root / dataset), "--tuner_type", "full", "--torch_dtype", "float32",
+           "--max_length", str(max_length), "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1",
            "--num_train_epochs", "1", "--learning_rate", "0", "--warmup_ratio", "0", "--lr_scheduler_type",
            "constant", "--split_dataset_ratio", "0", "--dataset_num_proc", "1", "--dataloader_num_workers", "0",
            "--save_strategy", "no", "--report_to", "none", "--logging_steps", "1", "--use_hf", "true",
@@ -62,8 +64,9 @@ def sft(root: Path, name: str, *extra: str, plugins=(PLUGIN,)):
 
 def documents(step):
     """(input ids, labels) of each sample in a packed row: the runs where position_ids restart at 0."""
-    ids, labels, pos = step["input_ids"][0], step["labels"][0], step["position_ids"]
-    pos = pos.reshape(-1, pos.shape[-1])[0]  # text positions (mRoPE models carry more rows)
+    ids, labels = step["input_ids"][0], step["labels"][0]
+    pos = step.get("text_position_ids", step["position_ids"])  # Qwen-VL: text row apart from the 3 mRoPE rows
+    pos = pos.reshape(-1, pos.shape[-1])[0]
     starts = torch.nonzero(pos == 0).flatten().tolist() + [len(pos)]
     return [(tuple(ids[a:b].tolist()), labels[a:b]) for a, b in zip(starts[:-1], starts[1:])]
 
@@ -72,25 +75,16 @@ def label_tokens(labels) -> int:
     return int((labels[1:] != -100).sum())  # each token predicts the next label
 
 
-def test_swift_sft_packs_with_packkit_on_sdpa_exactly(assets):
-    out, rec = sft(assets, "packkit", "--packing", "true", "--attn_impl", "sdpa")
-    control_out, control = sft(assets, "control", "--attn_impl", "sdpa")  # no packing: one sample per step
-
+def check_packed_run(out, rec, alone, attn):
+    """packkit in effect in a packed ``swift sft`` run, and every step's loss the token-weighted mean of its samples'
+    unpacked losses (``alone``: input ids -> (loss, label tokens), from the control run)."""
     assert rec["dataset"] == "PlannedPackingDataset" and rec["sampler"] == "PlannedBatchSamplerShard", rec
-    assert rec["dtype"] == "torch.float64" and rec["attn"] == "sdpa"
+    assert rec["dtype"] == "torch.float64" and rec["attn"] == attn
     lines = start_lines(out)
     assert len(lines) == 1, out[-3000:]
     steps, ranks, balance, efficiency = lines[0]
     assert ranks == 1 and balance >= 1.0 and 0.5 < efficiency <= 1.0
-    assert start_lines(control_out) == []
     assert rec["max_steps"] == rec["batches"] == steps == len(rec["packed_idx"]) == len(rec["steps"])
-
-    # The control's loss of each sample, as swift sft computes it unpacked (fp64, lr 0: the same weights throughout).
-    alone = {}
-    for step in control["steps"]:
-        ids = tuple(step["input_ids"][0].tolist())
-        alone[ids] = (step["loss"], label_tokens(step["labels"][0]))
-    assert len(alone) == len(control["steps"])
     seen = []
     assert sorted(i for batch in rec["order"] for i in batch) == list(range(len(rec["packed_idx"])))
     for step, batch in zip(rec["steps"], rec["order"]):
@@ -105,6 +99,24 @@ def test_swift_sft_packs_with_packkit_on_sdpa_exactly(assets):
         assert abs(step["loss"] - want) <= 1e-9 * abs(want), (step["loss"], want)
         seen += [ids for ids, _ in docs]
     assert sorted(seen) == sorted(alone), "every sample exactly once"
+
+
+def test_swift_sft_packs_with_packkit_on_sdpa_and_packkit_varlen_exactly(assets):
+    out, rec = sft(assets, "packkit", "--packing", "true", "--attn_impl", "sdpa")
+    # packkit_varlen: ms-swift's text collator gives no cu_seq_lens; the attention reads the restarting position_ids.
+    varlen_out, varlen = sft(assets, "varlen", "--packing", "true", "--attn_impl", "packkit_varlen")
+    control_out, control = sft(assets, "control", "--attn_impl", "sdpa")  # no packing: one sample per step
+    assert start_lines(control_out) == []
+
+    # The control's loss of each sample, as swift sft computes it unpacked (fp64, lr 0: the same weights throughout).
+    alone = {}
+    for step in control["steps"]:
+        ids = tuple(step["input_ids"][0].tolist())
+        alone[ids] = (step["loss"], label_tokens(step["labels"][0]))
+    assert len(alone) == len(control["steps"])
+    check_packed_run(out, rec, alone, "sdpa")
+    check_packed_run(varlen_out, varlen, alone, "packkit_varlen")
+    assert "cu_seq_lens_q" not in varlen["keys"], "the boundaries came from position_ids, not from the collator"
 
     # Control: the first packed row with positions that run on across documents makes them attend to each other.
     from transformers import AutoModelForCausalLM
@@ -125,6 +137,42 @@ def test_swift_sft_packs_with_packkit_on_sdpa_exactly(assets):
     assert abs(leak - exact) > 1e-6 * abs(exact)
 
 
+# Qwen2.5-VL runs in CI; Qwen3-VL (seed 001's family; passes too) costs ~50 s of CPU more, so it runs on request:
+# PACKKIT_SWIFT_VL="qwen2_5_vl qwen3_vl".
+VL_FAMILIES = os.environ.get("PACKKIT_SWIFT_VL", "qwen2_5_vl").split()
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_swift_sft_packs_qwen_vl_with_images_exactly(tmp_path, family):
+    """Seed 001's setup on a tiny scale: ``swift sft --packing true`` on a Qwen2.5-VL / Qwen3-VL with PNG images,
+    through the plugin (sdpa, fp64, lr 0), against the same command unpacked: packkit's dataset and sampler, the start
+    line, steps = the plan's rows, each step's row the planned samples with their images (one image grid per
+    document), and every step's loss the token-weighted mean of its samples' unpacked losses, vision tower included."""
+    if family not in VL_FAMILIES:
+        pytest.skip(f"{family}: not in PACKKIT_SWIFT_VL={' '.join(VL_FAMILIES)!r} (CI budget)")
+    from entry_assets_vl import save_tiny_qwen_vl, write_vl_dataset
+
+    vl_assets = tmp_path
+    write_vl_dataset(vl_assets, n=12, seed=2)
+    save_tiny_qwen_vl(vl_assets / "model", family)
+    kw = dict(model_type=family, template=family, dataset="vl.jsonl", max_length=256)
+    out, rec = sft(vl_assets, "vl-packkit", "--packing", "true", "--attn_impl", "sdpa", **kw)
+    control_out, control = sft(vl_assets, "vl-control", "--attn_impl", "sdpa", **kw)
+    assert start_lines(control_out) == []
+    alone = {}
+    for step in control["steps"]:
+        assert step["image_grid_thw"].shape[0] == 1
+        alone[tuple(step["input_ids"][0].tolist())] = (step["loss"], label_tokens(step["labels"][0]))
+    assert len(alone) == len(control["steps"]) == 12
+    check_packed_run(out, rec, alone, "sdpa")
+    assert any(len(documents(step)) > 1 for step in rec["steps"]), "some row packs several samples"
+    for step in rec["steps"]:  # each sample's image travelled with it: one grid per document, in row order
+        docs = documents(step)
+        assert step["image_grid_thw"].shape[0] == len(docs)
+        image_tokens = [int((torch.tensor(ids) == 151655).sum()) for ids, _ in docs]
+        assert image_tokens == (step["image_grid_thw"].prod(-1) // 4).tolist()
+
+
 class _Args:
     def __init__(self, attn_impl, packing=True, padding_free=False):
         self.attn_impl, self.packing, self.padding_free = attn_impl, packing, padding_free
@@ -136,7 +184,7 @@ def _ms_swift_check(args):  # ms-swift 4.6's SftArguments._check_padding_free, a
     return SftArguments._check_padding_free(args)
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("impl", ["sdpa", "eager", "packkit_varlen"])
 def test_args_check_lets_position_masked_attention_through(impl):
     from packkit.integrations.swift.patch import check_padding_free_args
 
@@ -147,11 +195,12 @@ def test_args_check_lets_position_masked_attention_through(impl):
     check_padding_free_args(args, _ms_swift_check)
 
 
-@pytest.mark.parametrize("impl", [None, "flex_attention", "packkit_varlen"])
+@pytest.mark.parametrize("impl", [None, "flex_attention", "packkit_shared_prefix"])
 def test_args_check_keeps_ms_swifts_refusal_elsewhere(impl):
     from packkit.integrations.swift.patch import check_padding_free_args
 
-    with pytest.raises(ValueError, match="requires a flash attention implementation.*'sdpa' or 'eager'"):
+    with pytest.raises(ValueError, match="requires a flash attention implementation.*'sdpa', 'eager', "
+                                         "'packkit_varlen'"):
         check_padding_free_args(_Args(impl), _ms_swift_check)
     check_padding_free_args(_Args(impl, packing=False), _ms_swift_check)  # neither feature: nothing to check
 
@@ -175,7 +224,7 @@ def test_train_start_check_refuses_what_would_leak():
         template = types.SimpleNamespace(padding_free=padding_free, get_base_model=lambda m: m)
         return types.SimpleNamespace(model=model, template=template)
 
-    for impl in ("sdpa", "eager", "flash_attention_2"):
+    for impl in ("sdpa", "eager", "packkit_varlen", "flash_attention_2"):
         check_exact_attention(trainer(WithPositions, impl))
     check_exact_attention(trainer(WithoutPositions, "flex_attention", padding_free=False))  # not packed: no check
     with pytest.raises(ValueError, match="flex_attention.*does not separate"):
@@ -184,3 +233,26 @@ def test_train_start_check_refuses_what_would_leak():
         check_exact_attention(trainer(WithoutPositions, "sdpa"))
     with pytest.raises(ValueError, match="use_cache=True"):
         check_exact_attention(trainer(WithPositions, "eager", use_cache=True))
+
+
+def test_qwen_vl_text_positions_go_back_in_front_of_the_mrope_rows():
+    """ms-swift's trainer pops the Qwen-VL collator's ``text_position_ids``; without them sdpa / eager build no
+    per-document mask (the Qwen2.5-VL run above then differs from its control by ~5e-5 relative). The plugin puts
+    them back as row 0 of ``[4, 1, T]``, only for padding-free batches on sdpa / eager / packkit_varlen."""
+    import types
+
+    from packkit.integrations.swift.patch import with_text_positions
+
+    text, mrope = torch.tensor([[0, 1, 2, 0, 1]]), torch.arange(15).reshape(3, 1, 5)
+
+    def hooked(impl, padding_free=True):
+        model = types.SimpleNamespace(config=types.SimpleNamespace(_attn_implementation=impl))
+        return with_text_positions(types.SimpleNamespace(padding_free=padding_free), model,
+                                   {"text_position_ids": text, "position_ids": mrope, "labels": 1})
+
+    for impl in ("sdpa", "eager", "packkit_varlen"):
+        out = hooked(impl)
+        assert out["position_ids"].shape == (4, 1, 5) and out["labels"] == 1
+        assert torch.equal(out["position_ids"][0], text) and torch.equal(out["position_ids"][1:], mrope)
+    for out in (hooked("flash_attention_2"), hooked("sdpa", padding_free=False)):
+        assert out["position_ids"] is mrope

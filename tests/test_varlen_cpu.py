@@ -310,3 +310,31 @@ def test_hf_llama_bf16_trains_close_to_fp64():
     assert model.model.layers[0].self_attn.q_proj.weight.grad.dtype == torch.bfloat16 and math.isfinite(float(loss))
     assert abs(float(loss) - float(ref)) <= 2e-2 * float(ref)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("layout", ["flat", "padded"])
+def test_hf_llama_position_ids_only_equals_the_cu_seq_lens_batch(layout):
+    """A call with only per-document ``position_ids`` (ms-swift's / TRL's padding-free collators give no
+    ``cu_seq_lens``): boundaries from the restarting positions, the same logits and gradients as the batch's own
+    ``cu_seq_lens_q`` (which the test above proves equal to per-sample runs); control: positions that never restart
+    (one document per row) differ; mRoPE rows without ``cu_seq_lens_q`` are refused by name."""
+    model = _llama()
+    model.set_attn_implementation(packkit.register_varlen_attention())
+    batch = packkit.PackingCollator(16, layout=layout)([{"input_ids": s} for s in SEQS])
+
+    def run(**kw):
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=batch["input_ids"], use_cache=False, **kw).logits
+        logits.square().sum().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    ref_logits, ref_grads = run(**{k: v for k, v in batch.items() if k not in ("input_ids", "labels")})
+    logits, grads = run(position_ids=batch["position_ids"])
+    assert torch.equal(logits, ref_logits) and all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    length = batch["input_ids"].shape[1]
+    leak, _ = run(position_ids=torch.arange(length).expand(batch["input_ids"].shape[0], length))
+    assert _rel(leak, ref_logits) > 1e-6
+    with pytest.raises(ValueError, match="packkit_varlen on model type 'llama'.*position_ids of shape \\(3, "):
+        hf_attention.varlen_attention_forward(
+            model.model.layers[0].self_attn, *(torch.zeros(1, 4, 5, 8),) * 3, None,
+            position_ids=torch.zeros(3, 1, 5, dtype=torch.long))

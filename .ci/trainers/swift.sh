@@ -16,6 +16,9 @@
 # Issue 47: tests/test_swift_entry.py (`swift sft` twice: packed on sdpa through the plugin, and unpacked) measured
 # 566 s with a third, refusal run since dropped, on the 2-core VM at load average ~20 (2026-11-27); without it 300 s
 # wall at that load, 56 s of CPU (user + sys: about its wall time on a quiet machine).
+# With a third text run (--attn_impl packkit_varlen) and the Qwen2.5-VL pair (packed + unpacked, PNG images):
+# 10 passed, 1 skipped (Qwen3-VL, on request: PACKKIT_SWIFT_VL="qwen2_5_vl qwen3_vl", +62 s of CPU), 121 s of CPU,
+# 508 s wall at load average 4-10 (2026-11-27). torchvision 0.28.0 (7.7 MB) and qwen-vl-utils: seconds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source .ci/trainers/lib.sh
@@ -31,14 +34,21 @@ python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q torch==2.13.0 transformers==5.19.0 datasets==4.8.4 peft==0.20.0 accelerate==1.15.0 \
     modelscope==1.40.2 pillow==13.0.0 json_repair==0.64.6 einops==0.8.2 numpy pybind11 scikit-build-core cmake ninja \
     pytest hypothesis
-"$VENV/bin/pip" install -q --no-deps ms-swift==4.6.0 binpacking==2.0.1
+"$VENV/bin/pip" install -q --no-deps ms-swift==4.6.0 binpacking==2.0.1 torchvision==0.28.0 qwen-vl-utils==0.0.14
+# Qwen-VL through `swift sft` (tests/test_swift_entry.py): ms-swift's Qwen-VL template imports qwen_vl_utils, which
+# imports torchvision, and transformers' Qwen-VL processors need it. torchvision's wheel is a CUDA build; with this CPU
+# torch its compiled ops do not load and its import fails on two unguarded fake registrations: the hook below declares
+# those two schemas before torchvision's first import (see the file; nothing else changes, nms is never called).
+site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+cp .ci/trainers/torchvision_cpu_compat.py "$site/" && echo "import torchvision_cpu_compat" > "$site/torchvision_cpu_compat.pth"
 echo "swift venv: packages installed in $(( $(date +%s) - start )) s"
 fi
 if [ "$phase" = install ]; then exit 0; fi
 install_packkit "$VENV"
 # Run from the repository root: a stray ./ray or ./swift folder would shadow the packages (namespace packages).
-"$VENV/bin/python" -P -c "import torch, transformers, swift.dataset.packing, swift.pipelines.train, packkit; \
-print('swift venv: torch', torch.__version__, 'transformers', transformers.__version__, 'ms-swift', swift.__version__)"
+"$VENV/bin/python" -P -c "import torch, transformers, swift.dataset.packing, swift.pipelines.train, packkit, \
+torchvision, qwen_vl_utils; print('swift venv: torch', torch.__version__, 'transformers', transformers.__version__, \
+'ms-swift', swift.__version__, 'torchvision', torchvision.__version__)"
 echo "swift venv ready in $(( $(date +%s) - start )) s"
 "$VENV/bin/python" -P -m pytest -q -p no:cacheprovider tests/test_swift.py tests/test_swift_layout.py
 # The trainer's own command line with packkit (issue 47; PACKKIT_TRAINER_ENTRY=0 skips it), timed apart.

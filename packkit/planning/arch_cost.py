@@ -267,7 +267,10 @@ def architecture_cost(config, overrides: dict, include_lm_head: bool):
             raise ValueError("a config dict needs its model_type (config.to_dict() has it)")
         config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
     text = getattr(config, "text_config", None)
-    if text is not None and getattr(config, "hidden_size", None) is None:
+    # A multimodal config: its text part. Checked by the layer count too, since loaders (ms-swift's) copy the text
+    # part's hidden_size to the top level.
+    if text is not None and (getattr(config, "hidden_size", None) is None
+                             or getattr(config, "num_hidden_layers", None) is None):
         config = text
     if overrides:
         config = copy.deepcopy(config)

@@ -49,7 +49,8 @@ _REQUIRED = ("hidden_size", "num_layers", "intermediate_size", "num_heads", "voc
 def _read_config(config) -> dict:
     """The fields of a transformers config (object or dict); multimodal configs use their text part."""
     if not isinstance(config, Mapping):
-        text = getattr(config, "text_config", None) if not hasattr(config, "hidden_size") else None
+        text = getattr(config, "text_config", None) if not (
+            hasattr(config, "hidden_size") and hasattr(config, "num_hidden_layers")) else None
         if text is not None:
             config = text
         get = lambda name: getattr(config, name, None)  # noqa: E731

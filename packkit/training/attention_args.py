@@ -52,7 +52,8 @@ ARGUMENTS = {
                  "varlen_attn's LSE has no gradient",
                  "implemented: out * exp(lse - logaddexp(lse, sink)), with the sink's gradient"),
     "position_ids": Arg("the token positions the model's rotary embedding used",
-                        "not read: documents come from cu_seq_lens_q",
+                        "read only without cu_seq_lens_q: documents start where a row's positions do not go up by "
+                        "one (transformers' packed-position rule); mRoPE rows refused",
                         "checked: must be the batch's own tensor (identity, no device sync); absent refused"),
     "cu_seq_lens_q": Arg("document boundaries of a flat packed batch", "implemented (required)",
                          "refused: a flat packed batch's, not a shared-prefix one"),

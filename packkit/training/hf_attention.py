@@ -10,8 +10,10 @@ has no attention implementation that calls it; this module adds one::
     model(**batch, use_cache=False).loss
 
 The model passes the batch's ``cu_seq_lens_q`` / ``max_length_q`` (which the collator returns) through
-to every attention layer. On CUDA it calls ``varlen_attn`` (fp16 / bf16). On the CPU it runs packkit's per-document
-attention (``doc_attention``: torch's CPU flash kernel per document, fp32 / fp64 / bf16 / fp16, forward and
+to every attention layer. A call with only per-document ``position_ids`` (ms-swift's and TRL's padding-free
+collators) gets its boundaries from them, by the rule transformers' flash path applies (a document starts where
+the positions do not go up by one). On CUDA it calls ``varlen_attn`` (fp16 / bf16). On the CPU it runs packkit's
+per-document attention (``doc_attention``: torch's CPU flash kernel per document, fp32 / fp64 / bf16 / fp16, forward and
 backward), so a packed row costs ``sum(l ** 2)`` of its documents rather than the row's square (SDPA with a block
 mask), with sliding windows, chunked layers, soft-capping and attention sinks implemented exactly. Every keyword
 argument the model passes is implemented or refused by name (``attention_args.ARGUMENTS``); so is a user's
@@ -25,7 +27,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .attention_args import check_numbers, layer_limits, refusal, refuse_unknown, register
+from .attention_args import check_numbers, layer_limits, model_type, refusal, refuse_unknown, register
 from .doc_attention import doc_attention, spans
 
 NAME = "packkit_varlen"
@@ -109,6 +111,37 @@ def check_dtype(module, device: str, dtype: torch.dtype) -> None:
                       "attn_implementation='sdpa' for fp32 / fp64")
 
 
+_BOUNDS: dict = {}  # one cached conversion: every layer of a forward passes the same position_ids tensor
+
+
+def boundaries_from_position_ids(module, position_ids: torch.Tensor, query: torch.Tensor):
+    """``(cu_seq_lens_q, max_length_q)`` of a call that carries only ``position_ids`` (ms-swift's and TRL's
+    padding-free collators, transformers' ``DataCollatorWithFlattening`` without flash kwargs): a document starts at
+    each row's first token and wherever a position is not one above its predecessor, the rule transformers' own
+    flash and SDPA paths apply to packed ``position_ids``. A row that never restarts is one document (a plain
+    batch). One host copy of the positions per forward (cached for the other layers), as transformers' flash path
+    makes one per layer."""
+    from ..models.documents import spans_from_position_ids
+
+    batch, length = query.shape[0], query.shape[-2]
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dim() == 3:
+        raise refusal(NAME, module, f"position_ids of shape {tuple(getattr(position_ids, 'shape', ()))} without "
+                      "cu_seq_lens_q", "documents are read from 1-D or [batch, length] text positions only (mRoPE "
+                      "rows do not restart per document); pass the batch's cu_seq_lens_q / max_length_q")
+    key = (id(position_ids), position_ids._version, batch, length, query.device)
+    if _BOUNDS.get("key") == key and _BOUNDS.get("tensor") is position_ids:
+        return _BOUNDS["value"]
+    try:
+        spans = spans_from_position_ids(position_ids, batch, length, f"{NAME} on model type {model_type(module)!r}")
+    except ValueError as exc:
+        raise ValueError(f"{exc}; pass the batch's cu_seq_lens_q / max_length_q") from None
+    spans = spans if spans is not None else [(row, 0, length) for row in range(batch)]
+    offsets = [row * length + a for row, a, _ in spans] + [batch * length]
+    value = (torch.tensor(offsets, dtype=torch.int32, device=query.device), max(b - a for _, a, b in spans))
+    _BOUNDS.update(key=key, tensor=position_ids, value=value)
+    return value
+
+
 def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
                              scaling: Optional[float] = None, is_causal: Optional[bool] = None,
@@ -128,10 +161,12 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     if shared_prefix is not None:
         raise refusal(NAME, module, "a shared-prefix batch", "call model.set_attn_implementation("
                       "packkit.shared_prefix.register_attention()) for pack_groups / pack_tree batches")
+    if cu_seq_lens_q is None and position_ids is not None and cu_seq_lens_k is None:
+        cu_seq_lens_q, max_length_q = boundaries_from_position_ids(module, position_ids, query)
     if cu_seq_lens_q is None or max_length_q is None:
-        raise refusal(NAME, module, "a call without cu_seq_lens_q / max_length_q", "varlen attention needs the "
-                      "batch's cu_seq_lens_q and max_length_q (a packkit PackingCollator / pack_sequences batch passed "
-                      "to the model as **batch)")
+        raise refusal(NAME, module, "a call without cu_seq_lens_q / max_length_q (and without position_ids)",
+                      "varlen attention needs the batch's cu_seq_lens_q and max_length_q (a packkit PackingCollator / "
+                      "pack_sequences batch passed to the model as **batch), or per-document position_ids")
     if attention_mask is not None:
         raise refusal(NAME, module, "an attention_mask", "varlen attention takes no attention_mask: documents are "
                       "cut by cu_seq_lens_q; drop the mask (a packkit batch has none unless return_block_mask=True)")

@@ -2,7 +2,7 @@
 
 Why a patch and not a strategy name: ``--packing_strategy`` is typed ``Literal['binpack', 'sequential']`` in
 ms-swift's arguments, so a new name is refused at parsing; and a dataset alone cannot keep a step's rows together,
-because the trainer's ``BatchSamplerShard`` shuffles rows. So :func:`install` swaps two names, nothing else:
+because the trainer's ``BatchSamplerShard`` shuffles rows. So :func:`install` swaps these names, nothing else:
 
 * ``swift.pipelines.train.sft.PackingDataset`` / ``IterablePackingDataset`` (the names ``swift sft`` builds its
   packed datasets from) -> :class:`PlannedPackingDataset` / :class:`PlannedIterablePackingDataset`;
@@ -14,9 +14,13 @@ because the trainer's ``BatchSamplerShard`` shuffles rows. So :func:`install` sw
   is a flash-attn one. A packed row is exact on ``sdpa`` and ``eager`` too: ms-swift's padding-free collator gives
   per-document ``position_ids`` and no attention mask, its trainer sets ``use_cache=False``, and transformers then
   builds the per-document causal mask from the restarting positions (checked in fp64 against the samples run one by
-  one, through ``swift sft`` itself: tests/test_swift_entry.py). So those two are let through; every other
-  implementation keeps ms-swift's refusal. At train start :func:`check_exact_attention` checks what the
+  one, through ``swift sft`` itself: tests/test_swift_entry.py). So those two are let through, and
+  ``packkit_varlen`` (registered by the plugin file), which reads the collator's ``cu_seq_lens_q`` (ms-swift's
+  Qwen-VL templates give them) or else the same restarting ``position_ids``; every other implementation keeps
+  ms-swift's refusal. At train start :func:`check_exact_attention` checks what the
   model really runs (the implementation, ``position_ids`` reaching its forward, no KV cache) and refuses otherwise.
+* ``Seq2SeqTrainer.compute_loss``: for a padding-free Qwen-VL batch on those implementations, the text position row
+  (which it pops before the model call) goes in front of the mRoPE rows (:func:`with_text_positions`).
 
 Load it with ``--external_plugins`` (ms-swift imports those files in every rank before building datasets).
 """
@@ -32,18 +36,22 @@ FLASH_IMPLS = ("flash_attn", "flash_attention_2", "flash_attention_3", "flash_at
 # Attention implementations whose packed row equals its documents run alone when transformers sees per-document
 # position_ids, no attention_mask and no KV cache (create_causal_mask's packed-sequence detection).
 POSITION_MASKED_IMPLS = ("sdpa", "eager")
+# packkit's per-document attention: documents from the batch's cu_seq_lens_q, or else from the same position_ids.
+VARLEN_IMPL = "packkit_varlen"
+EXACT_IMPLS = POSITION_MASKED_IMPLS + (VARLEN_IMPL,)
 
 
 def check_padding_free_args(args, original) -> None:
-    """``SftArguments._check_padding_free`` with ``sdpa`` / ``eager`` allowed (see the module docstring)."""
-    if (args.padding_free or args.packing) and args.attn_impl in POSITION_MASKED_IMPLS:
+    """``SftArguments._check_padding_free`` with ``sdpa`` / ``eager`` / ``packkit_varlen`` allowed (see the module
+    docstring)."""
+    if (args.padding_free or args.packing) and args.attn_impl in EXACT_IMPLS:
         if args.packing:
             args.padding_free = True  # as ms-swift's check does: packing implies the padding-free collator
         return
     try:
         original(args)
     except ValueError as exc:
-        raise ValueError(f"{exc} With packkit's plugin, also {' or '.join(map(repr, POSITION_MASKED_IMPLS))} "
+        raise ValueError(f"{exc} With packkit's plugin, also {', '.join(map(repr, EXACT_IMPLS))} "
                          f"(documents separated by their position_ids); got attn_impl={args.attn_impl!r}") from None
 
 
@@ -65,10 +73,10 @@ def check_exact_attention(trainer) -> None:
     impl = _attention_of(trainer.model)
     if impl in FLASH_IMPLS or (impl or "").startswith("flash"):
         return  # ms-swift's own path: flash-attn reads the same position_ids
-    if impl not in POSITION_MASKED_IMPLS:
+    if impl not in EXACT_IMPLS:
         raise ValueError(f"packing / padding_free: the model runs attn_implementation={impl!r}, which does not "
                          f"separate packed documents by their position_ids; use one of "
-                         f"{FLASH_IMPLS + POSITION_MASKED_IMPLS}")
+                         f"{FLASH_IMPLS + EXACT_IMPLS}")
     base = template.get_base_model(trainer.model)
     if "position_ids" not in inspect.signature(base.forward).parameters:
         raise ValueError(f"packing / padding_free on {impl}: {type(base).__name__}.forward takes no position_ids, so "
@@ -77,6 +85,21 @@ def check_exact_attention(trainer) -> None:
         if getattr(getattr(model, "config", None), "use_cache", False):
             raise ValueError(f"packing / padding_free on {impl}: the model config has use_cache=True; transformers "
                              "separates packed documents only without a KV cache (set use_cache=False)")
+
+
+def with_text_positions(template, model, inputs: dict) -> dict:
+    """A padding-free Qwen-VL batch on sdpa / eager / packkit_varlen, with the text position row in front of the 3
+    mRoPE rows (``[4, 1, T]``). ms-swift's Qwen-VL collator splits it off as ``text_position_ids`` and its trainer's
+    ``compute_loss`` pops that key before the model call; with only the mRoPE rows transformers builds no
+    per-document mask, so on sdpa / eager the packed samples attend to each other (flash-attn reads the collator's
+    ``cu_seq_lens_q`` instead). The 4-row form is the one transformers documents for packed Qwen-VL input."""
+    text, pos = inputs.get("text_position_ids"), inputs.get("position_ids")
+    if (text is None or pos is None or pos.dim() != 3 or pos.shape[0] != 3
+            or not getattr(template, "padding_free", False) or _attention_of(model) not in EXACT_IMPLS):
+        return inputs
+    import torch
+
+    return {**inputs, "position_ids": torch.cat([text.to(pos.device).reshape(1, *pos.shape[1:]), pos])}
 
 
 def _log_start(dataset, dataloader) -> None:
@@ -126,6 +149,7 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
     from swift.arguments import sft_args
     from swift.pipelines.train import sft
     from swift.trainers import mixin
+    from swift.trainers.seq2seq_trainer import Seq2SeqTrainer
 
     from ...models import prepare_trainer_model
     from .dataset import PlannedIterablePackingDataset, PlannedPackingDataset
@@ -148,6 +172,12 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
         original_sampler = mixin.BatchSamplerShard
 
         original_check = sft_args.SftArguments._check_padding_free
+        original_loss = Seq2SeqTrainer.compute_loss
+
+        @functools.wraps(original_loss)
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            inputs = with_text_positions(self.template, self.model, inputs)  # self.model: not a DDP wrapper
+            return original_loss(self, model, inputs, *args, **kwargs)
 
         @functools.wraps(original_check)
         def _check_padding_free(self):
@@ -170,10 +200,11 @@ def install(*, dp_size=None, cost=None, algorithm=None) -> None:
             return dataloader
 
         _STATE.update(installed=True, sft=(sft.PackingDataset, sft.IterablePackingDataset),
-                      loader=original_loader, check=original_check)
+                      loader=original_loader, check=original_check, loss=original_loss)
         sft.PackingDataset, sft.IterablePackingDataset = SftPackingDataset, SftIterablePackingDataset
         mixin.DataLoaderMixin.get_train_dataloader = get_train_dataloader
         sft_args.SftArguments._check_padding_free = _check_padding_free
+        Seq2SeqTrainer.compute_loss = compute_loss
 
 
 def uninstall() -> None:
@@ -181,6 +212,7 @@ def uninstall() -> None:
     from swift.arguments import sft_args
     from swift.pipelines.train import sft
     from swift.trainers import mixin
+    from swift.trainers.seq2seq_trainer import Seq2SeqTrainer
 
     with _LOCK:
         if not _STATE.get("installed"):
@@ -188,4 +220,5 @@ def uninstall() -> None:
         sft.PackingDataset, sft.IterablePackingDataset = _STATE["sft"]
         mixin.DataLoaderMixin.get_train_dataloader = _STATE["loader"]
         sft_args.SftArguments._check_padding_free = _STATE["check"]
+        Seq2SeqTrainer.compute_loss = _STATE["loss"]
         _STATE.clear()

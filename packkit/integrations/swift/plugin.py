@@ -5,6 +5,7 @@
 Options from the environment (:func:`packkit.integrations.swift.patch.options_from_env`): ``PACKKIT_SWIFT_DP_SIZE``
 (default: the process group's size), ``PACKKIT_SWIFT_ALGORITHM`` (``obfd`` or ``ogbfd``), ``PACKKIT_SWIFT_COST``
 (``attention``, ``tokens`` or ``a,b``; default: the model config's :func:`packkit.transformer_cost`).
+It also registers ``packkit_varlen`` with transformers (``--attn_impl packkit_varlen``).
 """
 import os
 
@@ -12,5 +13,7 @@ if __name__ == "__main__":
     print(os.path.abspath(__file__))
 else:
     from packkit.integrations.swift.patch import install, options_from_env
+    from packkit.training.hf_attention import register_varlen_attention
 
     install(**options_from_env())
+    register_varlen_attention()  # so that `--attn_impl packkit_varlen` names an implementation transformers knows
