@@ -1,6 +1,7 @@
 // Group-aware best fit: bins are formed in groups of dp (one data-parallel step each) while packing,
 // instead of grouping finished bins. The second candidate layout of ogbfd (see balance_steps).
 #include <algorithm>
+#include <limits>
 
 #include "capacity_bitmap.hpp"
 #include "dp_layout.hpp"
@@ -105,7 +106,8 @@ Slots group_best_fit(const int64_t* lengths, int64_t n, const std::vector<double
     int64_t best_load = 0;
     // The group's two least loads, found in the same pass: its largest free space after the
     // placement follows without a second pass over the group.
-    int64_t min1 = capacity + 1, min2 = capacity + 1;
+    // Sentinels above any load; not capacity + 1, which overflows at capacity = INT64_MAX (UBSan found it).
+    int64_t min1 = std::numeric_limits<int64_t>::max(), min2 = min1;
     size_t arg1 = lo;
     for (size_t r = lo; r < lo + dp; ++r) {
       const int64_t lr = load[r];

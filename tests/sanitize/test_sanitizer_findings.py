@@ -33,6 +33,15 @@ def test_plan_dp_size_that_overflows_the_row_count():
         OPS.plan(torch.tensor([6] * 7), 10, "obfd", "error", 2**63 - 1)
 
 
+def test_grouped_fit_at_capacity_int64_max():
+    """UBSan (csrc/planner/group_fit.cpp): the least-load sentinels were capacity + 1, a signed overflow at
+    capacity = 2^63 - 1 (found by the vlcost50 session's sanitized planner run). Under UBSan this fails on the old
+    code; everywhere it checks the plan."""
+    plan = packkit.plan([1, 2, 3, 5, 7], 2**63 - 1, algorithm="ogbfd", dp_size=2)
+    seq = sorted(int(s) for s in plan.segments[0])
+    assert seq == [0, 1, 2, 3, 4]
+
+
 def test_split_near_int64_max_ends():
     """Fuzz finding (corpus/plan/oom-split-overflow): splitting a length within `capacity` of 2^63 overflowed
     the piece cursor (csrc/planner/overlong.cpp) and never ended, until out of memory."""
