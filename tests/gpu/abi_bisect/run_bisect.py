@@ -65,7 +65,7 @@ def _call(step: str, lib: str, device: str):
     """Runs one step in this (child) process; returns a detail string or raises."""
     torch.ops.load_library(lib)
     if step == "load":
-        return f"loaded; torch.ops.packkit_bisect has {len(dir(torch.ops.packkit_bisect))} names"
+        return f"loaded {Path(lib).name}"
     op = getattr(torch.ops.packkit_bisect, step if step != "unbox_tensor" else "echo_arg")
     t = torch.arange(8, dtype=torch.int64, device=device)
     if step == "unbox_tensor":
