@@ -180,8 +180,9 @@ step_test() {
     return "${PIPESTATUS[0]}"
   fi
   # CPU mode: the GPU modules collect and skip, and a tagged skip really fails a GPU run. The session's fake-deadline
-  # test (~100 s, CPU-only) already ran in the main suite: not twice.
-  timeout "$STEP_LIMIT" $PY -m pytest -q -rs -p no:cacheprovider --ignore tests/gpu/test_session.py tests/gpu 2>&1 \
+  # test (~100 s) and the bisect's planted-crash test (~30 s), CPU-only, already ran in the main suite: not twice.
+  timeout "$STEP_LIMIT" $PY -m pytest -q -rs -p no:cacheprovider --ignore tests/gpu/test_session.py \
+    --ignore tests/gpu/test_abi_bisect.py tests/gpu 2>&1 \
     | tee "$LOGS/test.log"
   [ "${PIPESTATUS[0]}" = 0 ] || return 1
   if PACKKIT_REQUIRE_GPU=1 $PY -m pytest -q -p no:cacheprovider \

@@ -213,7 +213,8 @@ class Session:
         junit = self.work / "junit.xml"
         junit.unlink(missing_ok=True)
         cmd = [self.py, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
-               f"--junitxml={junit}", "-k", "(cuda or triton or gpu) and not test_session"]  # not itself again
+               f"--junitxml={junit}", "-k",  # not itself again, nor the bisect's CPU test (the diagnose step's)
+               "(cuda or triton or gpu) and not test_session and not test_abi_bisect"]
         if _importable(self.py, "xdist"):
             cmd += ["-n", os.environ.get("PACKKIT_TEST_WORKERS", "8" if self.gpu else "2"), "--dist", "loadfile"]
         if _importable(self.py, "pytest_timeout"):
