@@ -187,7 +187,8 @@ class Session:
         out = self.work / "abi_bisect"
         (out / "bisect.json").unlink(missing_ok=True)
         cap = min(CAP["bisect"], max(self.left() / 2, 1))
-        cmd = [self.py, "tests/gpu/abi_bisect/run_bisect.py", str(out), "--timeout", str(int(max(cap / 8, 10)))]
+        per_step = os.environ.get("PACKKIT_BISECT_TIMEOUT") or str(int(max(cap / 8, 10)))
+        cmd = [self.py, "tests/gpu/abi_bisect/run_bisect.py", str(out), "--timeout", per_step]
         status, secs = self.run("diagnose", cmd, cap)
         doc = json.loads((out / "bisect.json").read_text()) if (out / "bisect.json").exists() else {}
         doc["exit"] = status

@@ -1,7 +1,7 @@
 """The stable-ABI bisect (tests/gpu/abi_bisect) through the session's diagnose wiring, on the CPU: the extension
 builds against this torch, every CPU-reachable step gives its expected verdict (ok, or raised for the throwing
 ones), and a crash planted in one step (PACKKIT_BISECT_PLANT, a null dereference) is reported as
-"crashed (SIGSEGV)" while every later step still runs. Forced to the CPU build (CUDA_VISIBLE_DEVICES=""), so it
+"crashed (SIGSEGV)", a hang planted in a later one as "timeout", and every other step still runs. Forced to the CPU build (CUDA_VISIBLE_DEVICES=""), so it
 runs the same on a GPU machine; the GPU verdicts come from the session itself."""
 from __future__ import annotations
 
@@ -21,13 +21,14 @@ pytestmark = [
     pytest.mark.skipif(not HEADER.exists(), reason="this torch ships no stable-ABI headers"),
 ]
 
-PLANTED = "new_empty"
+PLANTED, HUNG = "new_empty", "fill"
 
 
 def _session(monkeypatch, out: Path):
     monkeypatch.setenv("PACKKIT_GPU_OUT", str(out))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setenv("PACKKIT_BISECT_PLANT", PLANTED)
+    monkeypatch.setenv("PACKKIT_BISECT_PLANT", f"{PLANTED},{HUNG}:hang")
+    monkeypatch.setenv("PACKKIT_BISECT_TIMEOUT", "8")
     monkeypatch.setenv("PACKKIT_DEADLINE", "400")
     spec = importlib.util.spec_from_file_location("packkit_gpu_session", HERE / "session.py")
     module = importlib.util.module_from_spec(spec)
@@ -36,7 +37,7 @@ def _session(monkeypatch, out: Path):
     return module.Session()
 
 
-def test_bisect_reports_a_planted_crash_and_runs_the_later_steps(monkeypatch, tmp_path):
+def test_bisect_reports_a_planted_crash_and_hang_and_runs_the_later_steps(monkeypatch, tmp_path):
     session = _session(monkeypatch, tmp_path)
     doc = session.bisect()
     assert doc.get("mode") == "cpu" and "steps" in doc, doc
@@ -44,14 +45,15 @@ def test_bisect_reports_a_planted_crash_and_runs_the_later_steps(monkeypatch, tm
     order = [r["step"] for r in doc["steps"]]
     assert order.index(PLANTED) < len(order) - 3  # steps after the planted crash exist and ran
     assert verdicts[PLANTED] == "crashed (SIGSEGV)", doc["steps"]
+    assert verdicts[HUNG] == "timeout", doc["steps"]
     for row in doc["steps"]:
-        if row["step"] == PLANTED:
+        if row["step"] in (PLANTED, HUNG):
             continue
         expected = "n/a" if row["step"] in ("device_guard", "stream", "stream_stable", "kernel", "launch_fail") \
             else row["expected"]
         assert row["verdict"] == expected, row
     assert verdicts["throw_plain"] == verdicts["throw_after_alloc"] == "raised"
-    assert verdicts["return_tuple"] == verdicts["fill"] == "ok"
+    assert verdicts["return_tuple"] == verdicts["return_tensor"] == "ok"
     assert doc["summary"].startswith(f"first crash: {PLANTED} ("), doc["summary"]
     assert doc["exit"] == 1  # a step not as expected
     # What comes back from the device: the table in session.json's diagnose row and in diagnose.log.

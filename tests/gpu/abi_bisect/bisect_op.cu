@@ -5,8 +5,8 @@
 // (USE_CUDA, a kernel launch, registered for the CUDA key, as _ops_cuda.so) on a GPU machine, or as C++
 // (-x c++, CPU key) on the CPU, where the device-only steps are absent.
 //
-// Test-only seam: PACKKIT_BISECT_PLANT=<step> makes that step dereference null before its facility (the
-// runner must report it as crashed and go on with the next steps).
+// Test-only seam: PACKKIT_BISECT_PLANT=<step>[,<step>:hang] makes a step dereference null (or sleep forever) before
+// its facility: the runner must report it as crashed (or timeout) and go on with the next steps.
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #ifndef USE_CUDA
@@ -14,11 +14,13 @@
 #endif
 #endif
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -41,10 +43,15 @@ using torch::stable::Tensor;
 namespace {
 
 void plant(const char* step) {
-  const char* target = std::getenv("PACKKIT_BISECT_PLANT");
-  if (target != nullptr && std::strcmp(target, step) == 0) {
+  const char* planted = std::getenv("PACKKIT_BISECT_PLANT");  // "step[:hang],step[:hang],..."
+  if (planted == nullptr) return;
+  const std::string list = std::string(",") + planted + ",", name(step);
+  if (list.find("," + name + ",") != std::string::npos) {
     volatile int* null = nullptr;
     *null = 1;  // SIGSEGV on purpose (the runner's control)
+  }
+  if (list.find("," + name + ":hang,") != std::string::npos) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // a hang on purpose (timeout verdict)
   }
 }
 
