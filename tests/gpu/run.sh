@@ -16,7 +16,9 @@
 #           toolchain here (c++ --version, CMake's compiler line, compiler/linker variables, readelf -d of
 #           the installed modules, the libstdc++ on the loader path), a native backtrace under cuda-gdb (or
 #           gdb) of any self-check that crashed, and a minimal throwing stable-ABI op built here with this
-#           machine's compiler (tests/gpu/throw_probe). Writes build/gpu-run/diagnose-<wheel|build>.{txt,json}
+#           machine's compiler (tests/gpu/throw_probe), and the stable-ABI bisect (tests/gpu/abi_bisect: one child
+#           per facility of the CUDA op host code, a verdict each: ok / raised / crashed (SIGNAL) / timeout).
+#           Writes build/gpu-run/diagnose-<wheel|build>.{txt,json} and diagnose-<...>-bisect.json
 # compare   the diagnose reports of the carried wheel and of the build here, side by side
 # test      the whole pytest suite with CUDA and compiled Triton; a skipped GPU test fails the step
 # sanitize  compute-sanitizer memcheck and racecheck over tests/gpu (inconsistent plans included)
@@ -121,6 +123,12 @@ step_diagnose() {
     done
     echo "## a minimal throwing stable-ABI op, built here"
     timeout "$STEP_LIMIT" $PY tests/gpu/throw_probe/run_probe.py "$LOGS/throw_probe" 2>&1
+    echo "## the stable-ABI bisect: each facility of the CUDA op host code in its own child (tests/gpu/abi_bisect)"
+    if [ -n "${PACKKIT_BISECT_DONE:-}" ]; then
+      echo "(already run: $PACKKIT_BISECT_DONE)"
+    else
+      timeout "$STEP_LIMIT" $PY tests/gpu/abi_bisect/run_bisect.py "$LOGS/abi_bisect" --json "$out-bisect.json" 2>&1
+    fi
     echo "## native backtraces of self-checks that crashed"
     crashed=$($PY -c "
 import json, sys
@@ -172,8 +180,9 @@ step_test() {
     return "${PIPESTATUS[0]}"
   fi
   # CPU mode: the GPU modules collect and skip, and a tagged skip really fails a GPU run. The session's fake-deadline
-  # test (~100 s, CPU-only) already ran in the main suite: not twice.
-  timeout "$STEP_LIMIT" $PY -m pytest -q -rs -p no:cacheprovider --ignore tests/gpu/test_session.py tests/gpu 2>&1 \
+  # test (~100 s) and the bisect's planted-crash test (~30 s), CPU-only, already ran in the main suite: not twice.
+  timeout "$STEP_LIMIT" $PY -m pytest -q -rs -p no:cacheprovider --ignore tests/gpu/test_session.py \
+    --ignore tests/gpu/test_abi_bisect.py tests/gpu 2>&1 \
     | tee "$LOGS/test.log"
   [ "${PIPESTATUS[0]}" = 0 ] || return 1
   if PACKKIT_REQUIRE_GPU=1 $PY -m pytest -q -p no:cacheprovider \

@@ -8,8 +8,9 @@ files beside it that the steps write as they run, so a call killed at its limit 
                  without one on a GPU: a build of this tree; on the CPU: this tree's build as it is
 2. ``selfcheck`` ``packkit info``: every op per backend (CUDA, compiled Triton, CPU), each in a child process,
                  crash signals recorded (its JSON goes into the step's row)
-3. ``diagnose``  only if a backend crashed: run.sh diagnose (toolchain, throw probe, cuda-gdb backtraces), torch's
-                 build facts, a build from source here and the same self-check; then the session stops
+3. ``diagnose``  only if a backend crashed: the stable-ABI bisect (tests/gpu/abi_bisect: its table goes into the
+                 step's row), run.sh diagnose (toolchain, throw probe, cuda-gdb backtraces), torch's build facts,
+                 a build from source here and the same self-check; then the session stops
 4. ``tests``     tests/gpu and every CUDA / compiled-Triton case of the pack, out-variant, context-parallel,
                  tree-pack, shared-prefix and training-semantics tests: pytest-xdist, a per-test timeout, failures
                  listed by name
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = ("install", "selfcheck", "diagnose", "tests", "bench", "prefix", "memcheck")
 LOG = {"install": "setup.log", "selfcheck": "setup.log", "diagnose": "diagnose.log", "tests": "tests.log",
        "bench": "bench.log", "prefix": "prefix.log", "memcheck": "memcheck.log"}  # six files at most
-CAP = {"install": 120, "selfcheck": 150, "tests": 210, "bench": 150, "prefix": 120}  # seconds; the rest: what is left
+CAP = {"install": 120, "selfcheck": 150, "bisect": 150, "tests": 210, "bench": 150, "prefix": 120}  # seconds; the rest: what is left
 MIN_START = {"tests": 30, "bench": 25, "prefix": 20, "memcheck": 20}  # below this, the step is not started
 RESERVE_S = 5  # kept for writing the JSON after the last step
 MAX_LOG_BYTES = 15 << 20  # the device returns files up to 16 MiB
@@ -180,20 +181,41 @@ class Session:
         self.outcome("selfcheck", status, secs, "; ".join(summary) or "no report", info=data)
         return crashed
 
+    def bisect(self) -> dict:
+        """The stable-ABI bisect (tests/gpu/abi_bisect): each facility of the CUDA op host code in its own child,
+        first, so its table is in session.json even if the slower diagnosis after it is cut off."""
+        out = self.work / "abi_bisect"
+        (out / "bisect.json").unlink(missing_ok=True)
+        cap = min(CAP["bisect"], max(self.left() / 2, 1))
+        per_step = os.environ.get("PACKKIT_BISECT_TIMEOUT") or str(int(max(cap / 8, 10)))
+        cmd = [self.py, "tests/gpu/abi_bisect/run_bisect.py", str(out), "--timeout", per_step]
+        status, secs = self.run("diagnose", cmd, cap)
+        doc = json.loads((out / "bisect.json").read_text()) if (out / "bisect.json").exists() else {}
+        doc["exit"] = status
+        rows = [f"{r['step']}: {r['verdict']}" for r in doc.get("steps", [])]
+        self.record("diagnose", "RUNNING", secs, f"bisect: {doc.get('summary', f'no summary (exit {status})')}; "
+                    "the rest of the diagnosis is running", bisect=doc)
+        self.log("diagnose", "\nbisect verdicts: " + ", ".join(rows) + "\n")
+        return doc
+
     def diagnose(self) -> None:
+        bisect = self.bisect()
         facts = ("import torch, sys; print(torch.__version__, torch.version.cuda, torch.version.git_version); "
                  "print('cxx11 abi', torch.compiled_with_cxx11_abi()); print(torch.__config__.show())")
         script = (f"{shlex.join([self.py, '-c', facts])}; bash tests/gpu/run.sh diagnose; bash tests/gpu/run.sh build "
                   f"&& bash tests/gpu/run.sh diagnose && bash tests/gpu/run.sh compare")
-        status, secs = self.run("diagnose", ["bash", "-c", script])
-        self.outcome("diagnose", status, secs, "a backend crashed: toolchain, throw probe, backtraces, a build from "
-                     "source here and its self-check (build/gpu-run/diagnose-*.json)")
+        env = dict(self.env, PACKKIT_BISECT_DONE="the session's diagnose step, before this")  # not twice
+        status, secs = self.run("diagnose", ["bash", "-c", script], env=env)
+        self.outcome("diagnose", status, secs, f"bisect: {bisect.get('summary', 'no summary')}; a backend crashed: "
+                     "toolchain, throw probe, backtraces, a build from source here and its self-check "
+                     "(build/gpu-run/diagnose-*.json)", bisect=bisect)
 
     def tests(self) -> None:
         junit = self.work / "junit.xml"
         junit.unlink(missing_ok=True)
         cmd = [self.py, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
-               f"--junitxml={junit}", "-k", "(cuda or triton or gpu) and not test_session"]  # not itself again
+               f"--junitxml={junit}", "-k",  # not itself again, nor the bisect's CPU test (the diagnose step's)
+               "(cuda or triton or gpu) and not test_session and not test_abi_bisect"]
         if _importable(self.py, "xdist"):
             cmd += ["-n", os.environ.get("PACKKIT_TEST_WORKERS", "8" if self.gpu else "2"), "--dist", "loadfile"]
         if _importable(self.py, "pytest_timeout"):
