@@ -35,12 +35,15 @@ _DEEPSEEK_MOE = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate
                      first_k_dense_replace=1, n_group=1, topk_group=1)
 _QWEN_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
 SURVEY_CONFIGS = {
-    **{t: {**_MLA, **_DEEPSEEK_MOE} for t in ("axk1", "axk2", "deepseek_v2", "deepseek_v32", "glm4_moe_lite",
-                                               "glm_moe_dsa", "longcat_flash", "sarvam_mla", "youtu")},
+    **{t: {**_MLA, **_DEEPSEEK_MOE} for t in ("axk1", "deepseek_v2", "glm4_moe_lite", "longcat_flash", "sarvam_mla",
+                                               "youtu")},
+    # DeepSeek Sparse Attention: its indexer keeps 4 keys per query, fewer than a document has (so it selects)
+    **{t: {**_MLA, **_DEEPSEEK_MOE, "index_topk": 4} for t in ("axk2", "deepseek_v32", "glm_moe_dsa")},
+    "hy_v4": {**_DEEPSEEK_MOE, "index_topk": 4},
     "minicpm3": _MLA,
     "codegen": dict(rotary_dim=8),
     "gptj": dict(rotary_dim=8),
-    **{t: _DEEPSEEK_MOE for t in ("glm4_moe", "mimo_v2_flash", "sarvam_moe", "solar_open", "dots1", "hy_v4")},
+    **{t: _DEEPSEEK_MOE for t in ("glm4_moe", "mimo_v2_flash", "sarvam_moe", "solar_open", "dots1")},
     **{t: _QWEN_MOE for t in ("laguna", "qwen3_5_moe_text", "qwen4_exp_text")},
     "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1),
     "exaone_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1),

@@ -26,6 +26,10 @@ _NO_BOUNDARIES = ("its recurrent layers take no document boundaries from transfo
 _MASK_ROW = ("builds {what} from the attention mask over the whole row (its own attention code, which reads neither "
              "the packed position_ids nor cu_seq_lens_q)")
 
+# DeepSeek Sparse Attention (the survey: a TypeError inside transformers on these paths, now refused by name)
+_SPARSE_INDEXER = ("its sparse-attention indexer (DeepSeek Sparse Attention) picks each query's keys from the 4-D "
+                   "causal mask, which transformers builds only for sdpa / eager / flex (use the position_ids path)")
+
 # model_type -> {path: why it cannot be exact}. Found silently wrong by the survey (docs/reliability.md) unless noted.
 _NO_DETECTION = ("transformers' {} builds its masks without position_ids, so the packed documents attend to each "
                  "other (no packed-sequence detection) on sdpa / eager")
@@ -54,6 +58,8 @@ REFUSED = {
                ("position_ids", "flash_attention", "packkit_varlen", "flex_attention", "shared_prefix")},
     "beam": {"shared_prefix": "silently wrong on every shared-prefix attention in packkit's model survey (its attention "
                               "does not keep to the tree's branches)"},
+    **{t: {p: _SPARSE_INDEXER for p in ("packkit_varlen", "shared_prefix")}
+       for t in ("deepseek_v32", "glm_moe_dsa", "axk2")},
     "rwkv": {p: _NO_BOUNDARIES for p in PATHS},
     "xlstm": {p: _NO_BOUNDARIES for p in PATHS},
     "recurrent_gemma": {p: _NO_BOUNDARIES for p in PATHS},
