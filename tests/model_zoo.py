@@ -111,6 +111,8 @@ ARCHITECTURES = {
                            num_key_value_heads=4, first_k_dense_replace=1, num_mtp_layers=0),
     "mamba": {},
     "falcon_mamba": {},
+    # short convolutions called without seq_idx (the survey): refused on sdpa, the other paths by their entry points
+    "inkling_text": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1),
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, num_experts=4, expert_layer_period=2,
                   expert_layer_offset=1, use_mamba_kernels=False),
 }
