@@ -53,17 +53,20 @@ def test_survey_time_out_ends_the_type(tool, monkeypatch):
 
 def test_survey_store_retry_failed(tool, monkeypatch, tmp_path):
     store = tmp_path / "store.jsonl"
-    entries = [dict(model_type="a_type", skipped="encoder-decoder"),
+    entries = [dict(model_type="llama", failed="surveyed before it joined the zoo"),  # the suite's table has it
+               dict(model_type="a_type", skipped="encoder-decoder"),
                dict(model_type="b_type", failed="not surveyed: its cases take over 60 s"),
                *[dict(model_type="c_type", path=path, kind="exact", detail="", logp_rel=0.0, grad_rel=0.0)
                  for path in tool.zoo.PATHS]]
     store.write_text("".join(json.dumps(e) + "\n" for e in entries))
     import transformers.models.auto.modeling_auto as auto
 
-    monkeypatch.setattr(auto, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", {t: "" for t in ("a_type", "b_type", "c_type")})
+    monkeypatch.setattr(auto, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+                        {t: "" for t in ("llama", "a_type", "b_type", "c_type")})
     monkeypatch.setattr(tool.resource, "setrlimit", lambda *a: None)
     text = tool.survey(str(store), run_new=False)
     assert "`b_type`: not surveyed: its cases take over 60 s" in text
+    assert "llama" not in text
     tool.survey(str(store), run_new=False, retry=True)  # run_new=False: the retried type is listed as not run
     kept = [json.loads(line)["model_type"] for line in store.read_text().splitlines()]
     assert kept == ["a_type"] + ["c_type"] * len(tool.zoo.PATHS)
