@@ -113,6 +113,9 @@ ARCHITECTURES = {
     "falcon_mamba": {},
     # short convolutions called without seq_idx (the survey): refused on sdpa, the other paths by their entry points
     "inkling_text": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1),
+    # lightning-attention layers without document boundaries (the survey): refused on every path
+    "minimax": dict(layer_types=["linear_attention", "full_attention"], num_local_experts=4, num_experts_per_tok=2,
+                    block_size=4),
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, num_experts=4, expert_layer_period=2,
                   expert_layer_offset=1, use_mamba_kernels=False),
 }

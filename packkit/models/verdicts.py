@@ -60,9 +60,11 @@ REFUSED = {
                               "does not keep to the tree's branches)"},
     **{t: {p: _SPARSE_INDEXER for p in ("packkit_varlen", "shared_prefix")}
        for t in ("deepseek_v32", "glm_moe_dsa", "axk2")},
-    "inkling_text": {p: "its short convolutions (the attention's key / value, attention-output and MLP ones) are "
+    "inkling_text minimax": {p: "its short convolutions (the attention's key / value, attention-output and MLP ones) are "
                         "called without the batch's seq_idx, so they run across the packed documents on every "
                         "causal_conv1d_fn, the package's kernel included" for p in ("position_ids", "flash_attention")},
+    "minimax": {p: "its lightning-attention (linear attention) layers are transformers' own PyTorch code and take no "
+                   "document boundaries (the state runs from one packed document into the next)" for p in PATHS},
     "rwkv": {p: _NO_BOUNDARIES for p in PATHS},
     "xlstm": {p: _NO_BOUNDARIES for p in PATHS},
     "recurrent_gemma": {p: _NO_BOUNDARIES for p in PATHS},
