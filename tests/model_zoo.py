@@ -116,6 +116,9 @@ ARCHITECTURES = {
     # lightning-attention layers without document boundaries (the survey): refused on every path
     "minimax": dict(layer_types=["linear_attention", "full_attention"], num_local_experts=4, num_experts_per_tok=2,
                     block_size=4),
+    # their own attention code over the whole row (the survey, once a flex crash no longer hid their other cells)
+    "mpt": {},
+    "openai-gpt": {},
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, num_experts=4, expert_layer_period=2,
                   expert_layer_offset=1, use_mamba_kernels=False),
 }

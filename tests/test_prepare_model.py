@@ -123,7 +123,7 @@ def test_packing_support_table():
     assert packkit.packing_support(tiny_config("gpt_oss"), "packkit_varlen").status == "exact"
 
 
-@pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa", "axk2"])
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4"])
 def test_sparse_attention_indexer_is_refused_where_it_gets_no_mask(model_type):
     """The survey: DeepSeek Sparse Attention's indexer slices the 4-D mask transformers builds for sdpa / eager only
     (a TypeError deep inside the model on packkit_varlen and the shared-prefix attention): refused by name there."""

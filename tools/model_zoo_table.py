@@ -51,7 +51,8 @@ SURVEY_CONFIGS = {
     "kolibri1": dict(num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                      shared_expert_intermediate_size=32),
     "inkling_text": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1),
-    "lfm2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1),
+    "lfm2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1,
+                     layer_types=["conv", "full_attention"]),
 }
 SURVEY = ("<!-- model-zoo-survey: begin (tools/model_zoo_table.py --survey) -->", "<!-- model-zoo-survey: end -->")
 

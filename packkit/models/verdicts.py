@@ -59,10 +59,17 @@ REFUSED = {
     "beam": {"shared_prefix": "silently wrong on every shared-prefix attention in packkit's model survey (its attention "
                               "does not keep to the tree's branches)"},
     **{t: {p: _SPARSE_INDEXER for p in ("packkit_varlen", "shared_prefix")}
-       for t in ("deepseek_v32", "glm_moe_dsa", "axk2")},
-    "inkling_text minimax": {p: "its short convolutions (the attention's key / value, attention-output and MLP ones) are "
+       for t in ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4")},
+    "inkling_text minimax mpt openai-gpt": {p: "its short convolutions (the attention's key / value, attention-output and MLP ones) are "
                         "called without the batch's seq_idx, so they run across the packed documents on every "
                         "causal_conv1d_fn, the package's kernel included" for p in ("position_ids", "flash_attention")},
+    "mpt": {**{p: "MPT " + _MASK_ROW.format(what="its ALiBi biases and causal mask") for p in
+               ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
+            "flex_attention": "MPT's own attention code takes no BlockMask (it fails applying one)"},
+    "openai-gpt": {**{p: "OpenAI GPT applies one causal mask over the whole row (its own attention code, which reads "
+                         "neither the packed position_ids nor cu_seq_lens_q)" for p in
+                      ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
+                   "flex_attention": "OpenAI GPT's own attention code takes no BlockMask (it fails applying one)"},
     "minimax": {p: "its lightning-attention (linear attention) layers are transformers' own PyTorch code and take no "
                    "document boundaries (the state runs from one packed document into the next)" for p in PATHS},
     "rwkv": {p: _NO_BOUNDARIES for p in PATHS},
