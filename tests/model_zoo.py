@@ -119,6 +119,8 @@ ARCHITECTURES = {
     # their own attention code over the whole row (the survey, once a flex crash no longer hid their other cells)
     "mpt": {},
     "openai-gpt": {},
+    "xlm": {},
+    "zaya": {},  # its compressed convolutional attention convolves over the whole row: refused on every path
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, num_experts=4, expert_layer_period=2,
                   expert_layer_offset=1, use_mamba_kernels=False),
 }

@@ -60,7 +60,7 @@ REFUSED = {
                               "does not keep to the tree's branches)"},
     **{t: {p: _SPARSE_INDEXER for p in ("packkit_varlen", "shared_prefix")}
        for t in ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4")},
-    "inkling_text minimax mpt openai-gpt": {p: "its short convolutions (the attention's key / value, attention-output and MLP ones) are "
+    "inkling_text minimax mpt openai-gpt xlm zaya": {p: "its short convolutions (the attention's key / value, attention-output and MLP ones) are "
                         "called without the batch's seq_idx, so they run across the packed documents on every "
                         "causal_conv1d_fn, the package's kernel included" for p in ("position_ids", "flash_attention")},
     "mpt": {**{p: "MPT " + _MASK_ROW.format(what="its ALiBi biases and causal mask") for p in
@@ -70,6 +70,12 @@ REFUSED = {
                          "neither the packed position_ids nor cu_seq_lens_q)" for p in
                       ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
                    "flex_attention": "OpenAI GPT's own attention code takes no BlockMask (it fails applying one)"},
+    "xlm": {**{p: "XLM applies one causal mask over the whole row (its own attention code, which reads neither the "
+                  "packed position_ids nor cu_seq_lens_q)" for p in
+               ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
+            "flex_attention": "XLM's own attention code takes no BlockMask (it fails applying one)"},
+    "zaya": {p: "its compressed convolutional attention (CCA) runs a causal convolution over the whole row "
+                "(transformers' own PyTorch code, given no document boundaries)" for p in PATHS},
     "minimax": {p: "its lightning-attention (linear attention) layers are transformers' own PyTorch code and take no "
                    "document boundaries (the state runs from one packed document into the next)" for p in PATHS},
     "rwkv": {p: _NO_BOUNDARIES for p in PATHS},
