@@ -60,9 +60,11 @@ REFUSED = {
                               "does not keep to the tree's branches)"},
     **{t: {p: _SPARSE_INDEXER for p in ("packkit_varlen", "shared_prefix")}
        for t in ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4")},
-    "inkling_text minimax mpt openai-gpt xlm zaya": {p: "its short convolutions (the attention's key / value, attention-output and MLP ones) are "
+    "inkling_text": {p: "its short convolutions (the attention's key / value, attention-output and MLP ones) are "
                         "called without the batch's seq_idx, so they run across the packed documents on every "
-                        "causal_conv1d_fn, the package's kernel included" for p in ("position_ids", "flash_attention")},
+                        "causal_conv1d_fn, the package's kernel included" for p in ("position_ids", "flash_attention")}
+                     | {"packkit_varlen": "its attention passes a learned relative position_bias, which packkit's varlen "
+                                          "attention does not implement"},
     "mpt": {**{p: "MPT " + _MASK_ROW.format(what="its ALiBi biases and causal mask") for p in
                ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
             "flex_attention": "MPT's own attention code takes no BlockMask (it fails applying one)"},
@@ -104,7 +106,7 @@ hyperclovax inkling2_loop_text inkling2_text internlm3 iquestcoder jais2 jetmoe 
 minimax_m3_vl_text ministral3 modernbert-decoder moshi nanochat nemotron olmo olmo3 olmo_hybrid olmoe persimmon phi
 phimoe seed_oss stablelm vaultgemma
 afmoe beam biogpt bloom cpmant ctrl deepseek_v4 doge falcon_mamba git jamba mamba opt recurrent_gemma rwkv xlstm
-inkling_text
+inkling_text minimax mpt openai-gpt xlm zaya
 qwen3_next bamba granitemoehybrid nemotron_h mamba2 zamba2 lfm2 kimi_linear
 """.split())
 
