@@ -120,6 +120,8 @@ ARCHITECTURES = {
     "mpt": {},
     "openai-gpt": {},
     "xlm": {},
+    # the survey's 2e-10 mismatch was its attention's fp32 cast in _attn (now fp64): exact on sdpa / varlen
+    "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=WINDOW),
     "zaya": {},  # its compressed convolutional attention convolves over the whole row: refused on every path
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, num_experts=4, expert_layer_period=2,
                   expert_layer_offset=1, use_mamba_kernels=False),
@@ -186,6 +188,9 @@ def fp64_everywhere(model, monkeypatch) -> None:
         function = inspect.unwrap(cls.forward) if "forward" in vars(cls) else None
         if function is not None and _fp64_source(function, cls) is not None:
             monkeypatch.setattr(cls, "forward", _recompiled(cls.forward, cls))
+        for attr, method in list(vars(cls).items()):  # helpers forward calls (GPT-Neo's _attn casts to fp32)
+            if attr != "forward" and inspect.isfunction(method) and _fp64_source(method, cls) is not None:
+                monkeypatch.setattr(cls, attr, _recompiled(method, cls))
     for name in {c.__module__ for c in classes}:  # module functions: eager attention, rotary helpers
         module = sys.modules[name]
         for attr, function in list(vars(module).items()):

@@ -72,6 +72,8 @@ REFUSED = {
                          "neither the packed position_ids nor cu_seq_lens_q)" for p in
                       ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
                    "flex_attention": "OpenAI GPT's own attention code takes no BlockMask (it fails applying one)"},
+    "gpt_neo": {"shared_prefix": "GPT-Neo's own attention code never calls packkit's shared-prefix attention",
+                "flex_attention": "GPT-Neo's own attention code takes no BlockMask (it fails adding one)"},
     "xlm": {**{p: "XLM applies one causal mask over the whole row (its own attention code, which reads neither the "
                   "packed position_ids nor cu_seq_lens_q)" for p in
                ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
@@ -106,7 +108,7 @@ hyperclovax inkling2_loop_text inkling2_text internlm3 iquestcoder jais2 jetmoe 
 minimax_m3_vl_text ministral3 modernbert-decoder moshi nanochat nemotron olmo olmo3 olmo_hybrid olmoe persimmon phi
 phimoe seed_oss stablelm vaultgemma
 afmoe beam biogpt bloom cpmant ctrl deepseek_v4 doge falcon_mamba git jamba mamba opt recurrent_gemma rwkv xlstm
-inkling_text minimax mpt openai-gpt xlm zaya
+inkling_text minimax mpt openai-gpt xlm zaya gpt_neo
 qwen3_next bamba granitemoehybrid nemotron_h mamba2 zamba2 lfm2 kimi_linear
 """.split())
 
