@@ -35,7 +35,8 @@ PER_TOKEN = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
              "starcoder2", "ministral", "qwen3_5_text", "qwen3_next", "olmo_hybrid", "lfm2"]
 # Recurrent mixers without a validated count: refused by name, never counted as dense attention.
 NO_COUNT = ["mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "nemotron_h", "granitemoehybrid", "kimi_linear",
-            "bailing_hybrid", "falcon_h1", "zamba2", "rwkv", "xlstm", "recurrent_gemma", "deepseek_v4"]
+            "bailing_hybrid", "falcon_h1", "zamba2", "rwkv", "xlstm", "recurrent_gemma", "deepseek_v4",
+            "inkling_text", "minimax", "zaya"]
 
 
 def _uncounted_attention():
