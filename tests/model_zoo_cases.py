@@ -54,7 +54,7 @@ def _weights(lengths, seed):
 # -- one case -------------------------------------------------------------------------------------------------
 @dataclass
 class Outcome:
-    kind: str  # "exact", "refused" or "mismatch"
+    kind: str  # "exact", "refused" or "mismatch" ("error": the survey's record of another exception)
     detail: str = ""
     logp_rel: float = 0.0
     grad_rel: float = 0.0
@@ -64,6 +64,8 @@ class Outcome:
             return "exact"
         if self.kind == "refused":
             return "refused: " + self.detail.split(". ")[0].split("; ")[0].replace("|", "/").replace("\n", " ")
+        if self.kind == "error":
+            return "error: " + self.detail
         return f"MISMATCH (log-probs {self.logp_rel:.1e}, grads {self.grad_rel:.1e})"
 
 
@@ -252,11 +254,16 @@ def render_table(results: dict) -> str:
             if outcome.kind == "exact":
                 row.append("exact")
                 continue
-            text = _reason(outcome, name) if outcome.kind == "refused" else TRANSFORMERS_MISMATCHES.get(
-                (name, path), "silent mismatch: not refused, and log-probs / gradients differ from per-sample")
+            if outcome.kind == "refused":
+                text = _reason(outcome, name)
+            elif outcome.kind == "error":  # the survey only: an exception other than a refusal (not silent)
+                text = "fails with " + " ".join(outcome.detail.split()).replace("|", "/")[:160]
+            else:
+                text = TRANSFORMERS_MISMATCHES.get(
+                    (name, path), "silent mismatch: not refused, and log-probs / gradients differ from per-sample")
             if text not in reasons:
                 reasons.append(text)
-            kind = "refused" if outcome.kind == "refused" else "**MISMATCH**"
+            kind = {"refused": "refused", "error": "error"}.get(outcome.kind, "**MISMATCH**")
             row.append(f"{kind} ({reasons.index(text) + 1})")
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")

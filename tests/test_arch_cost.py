@@ -35,7 +35,8 @@ PER_TOKEN = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen
              "starcoder2", "ministral", "qwen3_5_text", "qwen3_next", "olmo_hybrid", "lfm2"]
 # Recurrent mixers without a validated count: refused by name, never counted as dense attention. (Mamba 1 / 2
 # mixers are counted and checked in tests/test_mixer_cost.py.)
-NO_COUNT = ["kimi_linear", "bailing_hybrid", "rwkv", "xlstm", "recurrent_gemma", "deepseek_v4"]
+NO_COUNT = ["kimi_linear", "bailing_hybrid", "rwkv", "xlstm", "recurrent_gemma", "deepseek_v4", "inkling_text",
+            "minimax", "zaya"]
 
 
 def _uncounted_attention():

@@ -123,6 +123,16 @@ def test_packing_support_table():
     assert packkit.packing_support(tiny_config("gpt_oss"), "packkit_varlen").status == "exact"
 
 
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4"])
+def test_sparse_attention_indexer_is_refused_where_it_gets_no_mask(model_type):
+    """The survey: DeepSeek Sparse Attention's indexer slices the 4-D mask transformers builds for sdpa / eager only
+    (a TypeError deep inside the model on packkit_varlen and the shared-prefix attention): refused by name there."""
+    table = packkit.packing_support(transformers.AutoConfig.for_model(model_type))
+    for path in ("packkit_varlen", "shared_prefix"):
+        assert table[path].status == "refused" and "sparse-attention indexer" in table[path].why
+    assert table["position_ids"].ok
+
+
 def test_unverified_model_type_warns():
     config = transformers.LlamaConfig(**{k: v for k, v in tiny_config("llama").to_dict().items()
                                          if k in ("vocab_size", "hidden_size", "num_hidden_layers")})

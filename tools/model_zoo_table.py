@@ -4,7 +4,7 @@
     python tools/model_zoo_table.py --survey [--store FILE.jsonl]
         # every other model type of transformers' causal-LM mapping (minutes; its table is not checked by the
         # suite); --store keeps each outcome as found, and a rerun resumes from it (--stored-only: render
-        # what the store holds, run nothing)
+        # what the store holds, run nothing; --retry-failed: run again the types stored as failed or timed out)
     python tools/model_zoo_table.py --check    # exit 1 if the committed suite table differs
     python tools/model_zoo_table.py --models   # docs/models.md's verdict table (packkit.packing_support, seconds)
 """
@@ -26,6 +26,34 @@ import model_zoo_cases as cases  # noqa: E402
 
 SECONDS = 60  # per surveyed architecture (SIGALRM)
 LIMIT_BYTES = 12 << 30  # address space of a survey run
+# Surveyed types whose model does not build or run with the common tiny config alone (MLA head sizes, rotary
+# dimensions, a layout validator), or whose default expert counts (64-512 experts) take the 60 s: what their tiny
+# config needs beyond the common one (as tests/model_zoo.py's ARCHITECTURES).
+_MLA = dict(kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
+            num_key_value_heads=4)
+_DEEPSEEK_MOE = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                     first_k_dense_replace=1, n_group=1, topk_group=1)
+_QWEN_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+SURVEY_CONFIGS = {
+    **{t: {**_MLA, **_DEEPSEEK_MOE} for t in ("axk1", "deepseek_v2", "glm4_moe_lite", "longcat_flash", "sarvam_mla",
+                                               "youtu")},
+    # DeepSeek Sparse Attention: its indexer keeps 4 keys per query, fewer than a document has (so it selects)
+    **{t: {**_MLA, **_DEEPSEEK_MOE, "index_topk": 4} for t in ("axk2", "deepseek_v32", "glm_moe_dsa")},
+    "hy_v4": {**_DEEPSEEK_MOE, "index_topk": 4},
+    "minicpm3": _MLA,
+    "codegen": dict(rotary_dim=8),
+    "gptj": dict(rotary_dim=8),
+    **{t: _DEEPSEEK_MOE for t in ("glm4_moe", "mimo_v2_flash", "sarvam_moe", "solar_open", "dots1")},
+    **{t: _QWEN_MOE for t in ("laguna", "lara_mini", "qwen3_5_moe_text", "qwen4_exp_text")},
+    **{t: dict(num_local_experts=4, num_experts_per_tok=2) for t in ("minimax_m2", "mellum")},
+    "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1),
+    "exaone_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1),
+    "hy_v3": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1),
+    "kolibri1": dict(num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=32),
+    "lfm2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1,
+                     layer_types=["conv", "full_attention"]),
+}
 SURVEY = ("<!-- model-zoo-survey: begin (tools/model_zoo_table.py --survey) -->", "<!-- model-zoo-survey: end -->")
 
 
@@ -36,6 +64,22 @@ def run(names) -> dict:
             results[(name, path)] = cases.run_case(name, path)
             print(f"{name:24s} {path:16s} {results[(name, path)].cell()[:100]}", file=sys.stderr, flush=True)
     return results
+
+
+def survey_cases(model_type: str) -> dict:
+    """path -> Outcome of one surveyed type. An exception other than a refusal in one path is that cell's "error"
+    (the other paths still run: a crash on one path must not hide a silent mismatch on another); running out of
+    time or memory ends the type."""
+    outcomes = {}
+    for path in zoo.PATHS:
+        try:
+            outcomes[path] = cases.run_case(model_type, path)
+        except (TimeoutError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a survey records every failure
+            outcomes[path] = cases.Outcome("error", f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
+        print(f"{model_type:24s} {path:16s} {outcomes[path].cell()[:100]}", file=sys.stderr, flush=True)
+    return outcomes
 
 
 def classify(model_type: str):
@@ -62,19 +106,23 @@ def _record(store, entry: dict) -> None:
             f.write(json.dumps(entry) + "\n")
 
 
-def survey(store=None, run_new: bool = True) -> str:
+def survey(store=None, run_new: bool = True, retry: bool = False) -> str:
     """Every model type of the causal-LM mapping not in the suite. ``store``: a JSON Lines file that keeps each
     architecture's outcome as it is found, so a run that dies (a model too big for the machine) resumes."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     signal.signal(signal.SIGALRM, _timeout)
     resource.setrlimit(resource.RLIMIT_AS, (LIMIT_BYTES, LIMIT_BYTES))  # a MemoryError, not the OOM killer
+    suite = {spec.get("model_type", name) for name, spec in zoo.ARCHITECTURES.items()}
     done = {}
     if store is not None and pathlib.Path(store).exists():
         for line in pathlib.Path(store).read_text().splitlines():
             entry = json.loads(line)
-            done.setdefault(entry["model_type"], []).append(entry)
-    suite = {spec.get("model_type", name) for name, spec in zoo.ARCHITECTURES.items()}
+            if entry["model_type"] not in suite:  # a type moved into the zoo since: the suite's table has it
+                done.setdefault(entry["model_type"], []).append(entry)
+        if retry:  # run again the types that timed out, ran out of memory or failed; the store keeps the rest
+            done = {t: entries for t, entries in done.items() if not any("failed" in e for e in entries)}
+            pathlib.Path(store).write_text("".join(json.dumps(e) + "\n" for es in done.values() for e in es))
     for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         if model_type in suite or model_type in done:
             continue
@@ -89,16 +137,18 @@ def survey(store=None, run_new: bool = True) -> str:
         if why:
             entries.append(dict(model_type=model_type, skipped=why))
         else:
-            zoo.ARCHITECTURES[model_type] = {}
+            zoo.ARCHITECTURES[model_type] = dict(SURVEY_CONFIGS.get(model_type, {}))
             signal.alarm(SECONDS)
             try:
-                for (name, path), outcome in run([model_type]).items():
+                for path, outcome in survey_cases(model_type).items():
                     entries.append(dict(model_type=model_type, path=path, kind=outcome.kind, detail=outcome.detail,
                                         logp_rel=outcome.logp_rel, grad_rel=outcome.grad_rel))
+                errors = {e["detail"] for e in entries if e["kind"] == "error"}
+                if len(errors) == 1 and all(e["kind"] == "error" for e in entries):
+                    entries = [dict(model_type=model_type, failed=errors.pop())]  # the model itself does not run
             except TimeoutError:
-                entries = [dict(model_type=model_type, failed=f"not surveyed: its cases take over {SECONDS} s on "
-                                "this CPU with the common config (default expert counts, reference kernels of "
-                                "recurrent layers)")]
+                entries = [dict(model_type=model_type, failed=f"not surveyed: its cases took over {SECONDS} s on "
+                                "this CPU (2 cores shared with other jobs; --retry-failed runs it again)")]
             except MemoryError:
                 entries = [dict(model_type=model_type, failed=f"not surveyed: over {LIMIT_BYTES >> 30} GiB of "
                                 "address space with the common tiny config")]
@@ -185,7 +235,7 @@ def main(argv) -> int:
     with zoo.zoo_session():
         if "--survey" in argv:
             store = argv[argv.index("--store") + 1] if "--store" in argv else None
-            body = survey(store, run_new="--stored-only" not in argv)
+            body = survey(store, run_new="--stored-only" not in argv, retry="--retry-failed" in argv)
             doc.write_text(replace(doc.read_text(), SURVEY, body))
             return 0
         table = cases.render_table(run(list(zoo.ARCHITECTURES)))

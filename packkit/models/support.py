@@ -87,7 +87,7 @@ class Analysis:
     @property
     def recurrent(self) -> bool:
         return bool(self.mixers) or any(k.name in SPECS for k in self.kernels) or self.model_type in (
-            "rwkv", "xlstm", "recurrent_gemma")
+            "rwkv", "xlstm", "recurrent_gemma", "minimax", "zaya")
 
     @property
     def stand_ins(self) -> bool:

@@ -26,6 +26,10 @@ _NO_BOUNDARIES = ("its recurrent layers take no document boundaries from transfo
 _MASK_ROW = ("builds {what} from the attention mask over the whole row (its own attention code, which reads neither "
              "the packed position_ids nor cu_seq_lens_q)")
 
+# DeepSeek Sparse Attention (the survey: a TypeError inside transformers on these paths, now refused by name)
+_SPARSE_INDEXER = ("its sparse-attention indexer (DeepSeek Sparse Attention) picks each query's keys from the 4-D "
+                   "causal mask, which transformers builds only for sdpa / eager / flex (use the position_ids path)")
+
 # model_type -> {path: why it cannot be exact}. Found silently wrong by the survey (docs/reliability.md) unless noted.
 _NO_DETECTION = ("transformers' {} builds its masks without position_ids, so the packed documents attend to each "
                  "other (no packed-sequence detection) on sdpa / eager")
@@ -54,6 +58,30 @@ REFUSED = {
                ("position_ids", "flash_attention", "packkit_varlen", "flex_attention", "shared_prefix")},
     "beam": {"shared_prefix": "silently wrong on every shared-prefix attention in packkit's model survey (its attention "
                               "does not keep to the tree's branches)"},
+    **{t: {p: _SPARSE_INDEXER for p in ("packkit_varlen", "shared_prefix")}
+       for t in ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4")},
+    "inkling_text": {p: "its short convolutions (the attention's key / value, attention-output and MLP ones) are "
+                        "called without the batch's seq_idx, so they run across the packed documents on every "
+                        "causal_conv1d_fn, the package's kernel included" for p in ("position_ids", "flash_attention")}
+                     | {"packkit_varlen": "its attention passes a learned relative position_bias, which packkit's varlen "
+                                          "attention does not implement"},
+    "mpt": {**{p: "MPT " + _MASK_ROW.format(what="its ALiBi biases and causal mask") for p in
+               ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
+            "flex_attention": "MPT's own attention code takes no BlockMask (it fails applying one)"},
+    "openai-gpt": {**{p: "OpenAI GPT applies one causal mask over the whole row (its own attention code, which reads "
+                         "neither the packed position_ids nor cu_seq_lens_q)" for p in
+                      ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
+                   "flex_attention": "OpenAI GPT's own attention code takes no BlockMask (it fails applying one)"},
+    "gpt_neo": {"shared_prefix": "GPT-Neo's own attention code never calls packkit's shared-prefix attention",
+                "flex_attention": "GPT-Neo's own attention code takes no BlockMask (it fails adding one)"},
+    "xlm": {**{p: "XLM applies one causal mask over the whole row (its own attention code, which reads neither the "
+                  "packed position_ids nor cu_seq_lens_q)" for p in
+               ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
+            "flex_attention": "XLM's own attention code takes no BlockMask (it fails applying one)"},
+    "zaya": {p: "its compressed convolutional attention (CCA) runs a causal convolution over the whole row "
+                "(transformers' own PyTorch code, given no document boundaries)" for p in PATHS},
+    "minimax": {p: "its lightning-attention (linear attention) layers are transformers' own PyTorch code and take no "
+                   "document boundaries (the state runs from one packed document into the next)" for p in PATHS},
     "rwkv": {p: _NO_BOUNDARIES for p in PATHS},
     "xlstm": {p: _NO_BOUNDARIES for p in PATHS},
     "recurrent_gemma": {p: _NO_BOUNDARIES for p in PATHS},
@@ -80,6 +108,7 @@ hyperclovax inkling2_loop_text inkling2_text internlm3 iquestcoder jais2 jetmoe 
 minimax_m3_vl_text ministral3 modernbert-decoder moshi nanochat nemotron olmo olmo3 olmo_hybrid olmoe persimmon phi
 phimoe seed_oss stablelm vaultgemma
 afmoe beam biogpt bloom cpmant ctrl deepseek_v4 doge falcon_mamba git jamba mamba opt recurrent_gemma rwkv xlstm
+inkling_text minimax mpt openai-gpt xlm zaya gpt_neo
 qwen3_next bamba granitemoehybrid nemotron_h mamba2 zamba2 lfm2 kimi_linear
 """.split())
 
