@@ -58,6 +58,28 @@ def test_exactly_once_and_same_rows_as_single_process(num_blocks):
     assert str(out.schema().base_schema.field("seq_lengths").type) == "list<item: int32>"
 
 
+def test_blocks_are_read_in_the_datasets_order(monkeypatch):
+    """The report's row indices follow the order the input blocks are read in; Ray's executor hands them over as its
+    tasks finish unless ``preserve_order`` is set (a busy CI machine once gave other `split` / `zero_length` indices
+    than the single-process report). The read must ask for the dataset's order, and leave the caller's context as it
+    was."""
+    seen = []
+    real = ray.data.Dataset.to_arrow_refs
+
+    def spy(self, *args, **kwargs):
+        seen.append(self.context.execution_options.preserve_order)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ray.data.Dataset, "to_arrow_refs", spy)
+    lengths = np.random.default_rng(2).integers(1, 60, 50)
+    _, parts = tables(lengths, 3)
+    ds = ray.data.from_arrow(parts)
+    before = ds.context.execution_options.preserve_order
+    packkit.pack_dataset(ds, 64)
+    assert seen and all(seen), seen
+    assert ds.context.execution_options.preserve_order == before
+
+
 def test_deterministic_for_equal_input_and_seed_with_dp_steps():
     lengths = np.random.default_rng(1).integers(1, 200, 400)
     _, parts = tables(lengths, 3)

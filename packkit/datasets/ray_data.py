@@ -128,8 +128,8 @@ def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = Non
 
     Ray Data gives no stable row order (its scheduler decides the order blocks arrive in), so the rows are planned
     in the order of a 128-bit digest of their content: equal rows and ``seed`` give the same output whatever the
-    block order. ``shuffle=False`` orders steps by that content order (there is no source order to keep), and the
-    report's index arrays name rows in the order the blocks were read in this call.
+    block order. ``shuffle=False`` orders steps by that content order (there is no source order to keep). The
+    report's index arrays name rows in the dataset's own block order (Ray is asked to preserve it for this read).
     """
     import ray
 
@@ -138,7 +138,7 @@ def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = Non
     shuffle, seed, position_ids = check_options(algorithm, overlong, cost, shuffle, seed, position_ids)
     names = select_columns(dataset.schema().names, columns)
     excluded = [c for c in dataset.schema().names if c not in names]
-    refs = dataset.select_columns(names).to_arrow_refs()
+    refs = _blocks_in_order(dataset.select_columns(names))
 
     rows_task = ray.remote(_block_rows)
     block_rows = np.array(ray.get([rows_task.remote(r) for r in refs]), dtype=np.int64)
@@ -208,6 +208,20 @@ def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = Non
         setattr(report, name, np.sort(canonical[getattr(report, name)]))
     logger.info("packkit.pack_dataset (ray): %s", report.summary())
     return (out, report) if return_report else out
+
+
+def _blocks_in_order(dataset):
+    """``dataset.to_arrow_refs()`` in the dataset's block order. Ray's executor otherwise hands blocks over as its tasks
+    finish (``preserve_order`` is off by default), so the report's row indices would follow the scheduler: on a busy
+    machine they named other rows than the single-process report's. The dataset's own context is set for this read
+    and restored after (it may be the caller's)."""
+    options = dataset.context.execution_options
+    saved = options.preserve_order
+    options.preserve_order = True
+    try:
+        return dataset.to_arrow_refs()
+    finally:
+        options.preserve_order = saved
 
 
 def content_order(keys: np.ndarray) -> np.ndarray:
