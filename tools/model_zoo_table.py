@@ -82,6 +82,11 @@ def survey_cases(model_type: str) -> dict:
     return outcomes
 
 
+# Causal LMs whose configs carry an unused `is_decoder` field, like the encoders' (GPT-NeoX: Pythia, GPT-NeoX-20B);
+# the first survey skipped them as encoders.
+CAUSAL_WITH_IS_DECODER = frozenset({"gpt_neox", "gpt_neox_japanese"})
+
+
 def classify(model_type: str):
     """None for a decoder-only text model, else why it is not one."""
     from transformers import AutoConfig
@@ -89,7 +94,7 @@ def classify(model_type: str):
     config = AutoConfig.for_model(model_type)
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder"
-    if "is_decoder" in config.to_dict():
+    if "is_decoder" in config.to_dict() and model_type not in CAUSAL_WITH_IS_DECODER:
         return "encoder (a decoder only with is_decoder=True)"
     if config.get_text_config() is not config:
         return "multimodal wrapper (its text model is listed separately where transformers has one)"

@@ -56,6 +56,12 @@ REFUSED = {
             ("position_ids", "flash_attention", "packkit_varlen", "shared_prefix")},
     "cpmant": {p: "CPM-Ant " + _MASK_ROW.format(what="its position bias and causal mask") for p in
                ("position_ids", "flash_attention", "packkit_varlen", "flex_attention", "shared_prefix")},
+    # Found by the survey once it stopped skipping GPT-NeoX configs (an `is_decoder` field) as encoders: a TypeError
+    # inside transformers, where its own attention adds the mask to the scores.
+    "gpt_neox_japanese": {"flex_attention": "GPT-NeoX-Japanese's own attention code adds the attention mask to its "
+                                            "scores, which a BlockMask cannot be (it fails inside transformers)",
+                          "shared_prefix": "GPT-NeoX-Japanese's own attention code does not call transformers' "
+                                           "attention interface, so packkit's shared-prefix attention is never called"},
     "beam": {"shared_prefix": "silently wrong on every shared-prefix attention in packkit's model survey (its attention "
                               "does not keep to the tree's branches)"},
     **{t: {p: _SPARSE_INDEXER for p in ("packkit_varlen", "shared_prefix")}
@@ -108,7 +114,9 @@ hyperclovax inkling2_loop_text inkling2_text internlm3 iquestcoder jais2 jetmoe 
 minimax_m3_vl_text ministral3 modernbert-decoder moshi nanochat nemotron olmo olmo3 olmo_hybrid olmoe persimmon phi
 phimoe seed_oss stablelm vaultgemma
 afmoe beam biogpt bloom cpmant ctrl deepseek_v4 doge falcon_mamba git jamba mamba opt recurrent_gemma rwkv xlstm
-inkling_text minimax mpt openai-gpt xlm zaya gpt_neo
+inkling_text minimax mpt openai-gpt xlm zaya gpt_neo gpt_neox gpt_neox_japanese
+axk1 axk2 codegen deepseek_v2 deepseek_v32 dots1 glm4_moe glm4_moe_lite glm_moe_dsa gptj hy_v3 hy_v4 kolibri1 laguna
+lfm2_moe lfm3 longcat_flash mimo_v2_flash minicpm3 qwen3_5_moe_text qwen4_exp_text sarvam_mla sarvam_moe solar_open youtu
 qwen3_next bamba granitemoehybrid nemotron_h mamba2 zamba2 lfm2 kimi_linear
 """.split())
 
