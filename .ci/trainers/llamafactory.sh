@@ -45,6 +45,7 @@ install_packkit "$VENV"
 # package becomes an importable namespace package (a /tmp/ray session folder made llamafactory's is_ray_available()
 # true, then `import ray.util` failed). packkit imports without that line; drop it.
 parent=$(cd .. && pwd)
+site=$("$VENV/bin/python" -P -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 [ -f "$site/_editable_skbc_packkit.pth" ] && sed -i "\|^${parent}\$|d" "$site/_editable_skbc_packkit.pth"
 "$VENV/bin/python" -P -c "import torch, transformers, llamafactory.data.collator, packkit; \
 print('llamafactory venv: torch', torch.__version__, 'transformers', transformers.__version__)"
