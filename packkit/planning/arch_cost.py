@@ -32,7 +32,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import mixer_cost
+from .mixer_cost import HYBRID_FULL_ATTENTION, SCAN_FAMILIES, DeltaScan, refusal, unused_adapter_macs
+from .mixer_cost import scans as mixer_scans
 
 _ATTENTION = {"full_attention": "full", "attention": "full", "global": "full", "sliding_attention": "window",
               "local": "window", "chunked_attention": "chunk"}
@@ -59,7 +60,7 @@ def layer_kinds(config) -> list:
     ``("linear_attention", None)``, ``("conv", None)``, ``("scan", None)`` (a Mamba mixer) or ``("hybrid", None)``
     (full attention beside a Mamba mixer: Falcon-H1)."""
     model_type = str(getattr(config, "model_type", "model"))
-    reason = mixer_cost.refusal(model_type)
+    reason = refusal(model_type)
     if reason:
         raise ValueError(f"transformer_cost has no count for {model_type}: {reason}; pass a cost callable")
     layers = int(_first(config, ("num_hidden_layers", "n_layer", "num_layers"), "the layer count"))
@@ -81,9 +82,9 @@ def layer_kinds(config) -> list:
             elif kind == "chunk":
                 limit = _first(config, ("attention_chunk_size",), "the attention chunk size")
             kinds.append((kind, None if limit is None else int(limit)))
-        elif t in _LINEAR_ATTENTION and model_type in mixer_cost.SCAN_FAMILIES:
+        elif t in _LINEAR_ATTENTION and model_type in SCAN_FAMILIES:
             kinds.append(("scan", None))
-        elif t == "hybrid" and model_type in mixer_cost.HYBRID_FULL_ATTENTION:
+        elif t == "hybrid" and model_type in HYBRID_FULL_ATTENTION:
             kinds.append(("hybrid", None))
         elif t in _LINEAR_ATTENTION:
             if getattr(config, "linear_num_value_heads", None) is None:  # a Mamba / KDA mixer, not Gated DeltaNet
@@ -130,7 +131,7 @@ def _delta_scan(config):
     heads = int(_first(config, ("linear_num_value_heads",), "the linear-attention value heads"))
     d_k = int(_first(config, ("linear_key_head_dim",), "the linear-attention key head size"))
     d_v = int(_first(config, ("linear_value_head_dim",), "the linear-attention value head size"))
-    return mixer_cost.DeltaScan(heads, d_k, d_v)
+    return DeltaScan(heads, d_k, d_v)
 
 
 def _build_meta(config):
@@ -245,13 +246,13 @@ def _cost_of(config, include_lm_head: bool):
     deltas = tuple(_delta_scan(config) for k, _ in kinds if k == "linear_attention")
     model, has_head = _build_meta(config)  # after every figure is read: a missing one is named, not a crash inside
     macs = _matmul_weights(model, top_k or 1, num_experts or 0, include_lm_head)
-    macs -= mixer_cost.unused_adapter_macs(model)  # Zamba2: each layer runs one of the adapters it holds
+    macs -= unused_adapter_macs(model)  # Zamba2: each layer runs one of the adapters it holds
     if include_lm_head and not has_head:
         macs += float(_first(config, ("hidden_size",), "the hidden size")) * float(config.vocab_size)
     linear = 6.0 * macs
     scans = deltas
-    if config.model_type in mixer_cost.SCAN_FAMILIES:
-        scans += tuple(mixer_cost.scans(model, config.model_type, sum(k in ("scan", "hybrid") for k, _ in kinds)))
+    if config.model_type in SCAN_FAMILIES:
+        scans += tuple(mixer_scans(model, config.model_type, sum(k in ("scan", "hybrid") for k, _ in kinds)))
     pair = 6.0 * heads * (d_qk + d_v)
     layers = [(k, limit, pair if k in ("full", "window", "chunk", "hybrid") else 0.0) for k, limit in kinds]
     return config.model_type, linear, layers, scans
