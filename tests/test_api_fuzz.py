@@ -16,7 +16,7 @@ from api_fuzz_lib import planted, registry  # noqa: E402
 from api_fuzz_lib.runner import all_cases, run_cases  # noqa: E402
 
 # CI budget of the fixed-seed run (seconds of fuzzing; the whole test adds the imports, ~20-60 s on 2 cores).
-CI_BUDGET = float(os.environ.get("PACKKIT_API_FUZZ_SECONDS", "120"))
+CI_BUDGET = float(os.environ.get("PACKKIT_API_FUZZ_SECONDS", "60"))
 
 
 def _fuzz(*args, timeout=600):

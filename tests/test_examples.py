@@ -22,15 +22,15 @@ def _needs(*modules):
     return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
 
 
-def run_example(name: str) -> str:
+def run_example(name: str, hang_s: int = 180) -> str:
     """Runs the script; it must exit 0 within LIMIT_S seconds of CPU time (user + sys of the script's
     process). CPU time, not wall time: on the shared 2-core CI machine, with pytest-xdist and other jobs
-    beside it, wall time doubles without the script doing more work. The wall-clock timeout only
+    beside it, wall time doubles without the script doing more work. The wall-clock timeout ``hang_s`` only
     catches a hang."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run([sys.executable, str(EXAMPLES / name)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=180)
+                          text=True, timeout=hang_s)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -66,7 +66,10 @@ def test_qwen25_vl_packing():
 
 @_needs("ray", "datasets", "pyarrow")
 def test_ray_data_pack():
-    out = run_example("ray_data_pack.py")
+    # A local Ray cluster is a dozen processes (GCS, raylet, workers that each import torch): 16 s on an idle
+    # 2-core machine, 203 s with six busy processes beside it (measured 2026-11-27), and CI's 180 s wall limit
+    # once killed it under load. Its CPU time stays bounded by LIMIT_S; the wall limit only has to catch a hang.
+    out = run_example("ray_data_pack.py", hang_s=900)
     assert "(the single-process plan)" in out, out
 
 
