@@ -144,3 +144,30 @@ def test_errors_name_global_rows_and_return_nothing():
     with pytest.raises(ValueError, match="column 'text' is not per-token"):
         packkit.pack_dataset(text, 8)
     assert packkit.pack_dataset(text, 8, columns=["input_ids"]).count() == 1
+
+
+@pytest.mark.parametrize("as_column", [True, False])
+def test_extra_cost_column_or_array_is_balanced_on_the_cluster(as_column):
+    """extra_cost on Ray: a numeric column (read by the tasks, not packed) or an array in the dataset's order. The
+    balance recomputed from the packed rows (tokens + each row's extra cost) is the report's; a plan on tokens alone
+    is the control."""
+    from test_pack_dataset_extra_cost import step_balance, vlm_like
+
+    lengths, extra = vlm_like(400, 0)
+    table, _ = tables(lengths, 1)
+    table = table.append_column("image_flops", pa.array(extra))
+    cuts = np.linspace(0, len(lengths), 5).astype(int)
+    ds = ray.data.from_arrow([table.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:])])
+    out, report = packkit.pack_dataset(ds, 512, dp_size=4, extra_cost="image_flops" if as_column else extra,
+                                       return_report=True, columns=["input_ids", "labels"])
+    rows = rows_of(out)
+    assert decode_segments(rows["input_ids"], rows["seq_lengths"], 512) == expected_segments(lengths, 512, "error")
+    assert "image_flops" not in out.schema().names and report.excluded_columns == ["image_flops"]
+    assert step_balance(rows["input_ids"], extra, 4) == pytest.approx(report.balance, rel=1e-9)
+    assert report.balance < 1.15
+    control = rows_of(packkit.pack_dataset(ds, 512, dp_size=4, columns=["input_ids", "labels"]))
+    assert step_balance(control["input_ids"], extra, 4) > 1.5
+    with pytest.raises(TypeError, match="extra_cost column 'labels' must hold one number per row"):
+        packkit.pack_dataset(ds, 512, extra_cost="labels")
+    with pytest.raises(ValueError, match="extra_cost has 3 entries for 400"):
+        packkit.pack_dataset(ds, 512, extra_cost=[1.0, 2.0, 3.0], columns=["input_ids", "labels"])

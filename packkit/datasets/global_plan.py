@@ -58,18 +58,19 @@ def report_from_plan(p: Plan, *, lengths: np.ndarray, seq_length: int, columns, 
 
 
 def plan_rows(lengths: np.ndarray, seq_length: int, *, algorithm: Optional[str], overlong: str, dp_size: int,
-              cost: CostSpec, shuffle: bool, seed: int) -> tuple[Plan, Segments, int]:
+              cost: CostSpec, shuffle: bool, seed: int, extra_cost=None) -> tuple[Plan, Segments, int]:
     """The global plan and its rows in output order: (plan, segments, empty rows removed).
 
     With ``dp_size > 1`` consecutive groups of ``dp_size`` rows are one balanced step. The steps (rows with
     ``dp_size == 1``) are emitted in a ``seed``-ed random order (``shuffle``), else in the source order of each
     step's longest sequence (:mod:`packkit.planning.step_order`); never in the planner's order, which runs from
     the longest sequences to the shortest. A step with empty rows stays last and its empty rows are removed (an
-    empty example would break trainers).
+    empty example would break trainers). ``extra_cost``: ``packkit.plan``'s, one value per length.
     """
     if algorithm is None:
         algorithm = "ogbfd" if dp_size > 1 else "obfd"
-    p = make_plan(lengths, seq_length, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong)
+    p = make_plan(lengths, seq_length, algorithm=algorithm, dp_size=dp_size, cost=cost, overlong=overlong,
+                  extra_cost=extra_cost)
     seq, start, length, offsets = p.segments
     counts = np.diff(offsets)
     steps = np.arange(p.num_bins, dtype=np.int64).reshape(-1, p.dp_size)
@@ -90,6 +91,32 @@ def plan_rows(lengths: np.ndarray, seq_length: int, *, algorithm: Optional[str],
     take = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(offsets[order] - new_offsets[:-1], new_counts)
     segments = Segments(seq[take], start[take], length[take], new_offsets)
     return p, segments, int(p.num_bins - len(order))
+
+
+def extra_cost_column(extra_cost, column_names) -> Optional[str]:
+    """The column ``extra_cost`` names (a ``str``), else None; ValueError listing the columns if there is none."""
+    if not isinstance(extra_cost, str):
+        return None
+    if extra_cost not in column_names:
+        raise ValueError(f"extra_cost names the column {extra_cost!r}, which the dataset does not have; its columns: "
+                         f"{', '.join(map(repr, column_names))}")
+    return extra_cost
+
+
+def check_extra_cost_type(arrow_type, name: str) -> None:
+    import pyarrow as pa
+
+    if not (pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)):
+        raise TypeError(f"the extra_cost column {name!r} must hold one number per row, got Arrow type {arrow_type}")
+
+
+def extra_cost_values(column, name: str) -> np.ndarray:
+    """A numeric Arrow column as float64 (``as_extra_cost`` then checks finite and >= 0); TypeError / ValueError
+    naming the column for any other type or a null."""
+    check_extra_cost_type(column.type, name)
+    if column.null_count:
+        raise ValueError(f"the extra_cost column {name!r} has {column.null_count} null(s); give every row a cost")
+    return np.asarray(column.to_numpy(), dtype=np.float64)
 
 
 def check_options(algorithm, overlong, cost, shuffle, seed, position_ids) -> tuple[bool, int, bool]:

@@ -9,6 +9,7 @@ what ``DataCollatorForLanguageModeling(padding_free=True)`` reads to restart ``p
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -16,14 +17,16 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..planning.planner import CostSpec, _as_count
-from .global_plan import PackReport, check_options, plan_rows, report_from_plan
+from ..planning.planner import CostSpec, _as_count, as_extra_cost
+from .global_plan import (PackReport, check_options, extra_cost_column, extra_cost_values, plan_rows,
+                          report_from_plan)
 
 
 def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, overlong: str = "error",
                  columns: Optional[Sequence[str]] = None, dp_size: int = 1, cost: CostSpec = "tokens",
                  shuffle: bool = True, seed: Optional[int] = 0, position_ids: bool = False,
-                 return_report: bool = False, keep_in_memory: Optional[bool] = None, cache_file_name: Optional[str] = None, **options):
+                 return_report: bool = False, keep_in_memory: Optional[bool] = None, cache_file_name: Optional[str] = None,
+                 extra_cost=None, **options):
     """Pack a whole tokenized dataset into rows of ``seq_length`` tokens with one global plan.
 
     Args:
@@ -44,6 +47,10 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
             ``None`` is 0). ``shuffle=False``: in the dataset order of each row's (step's) longest sequence. Never
             the planner's order, which runs from the longest sequences to the shortest (a length curriculum).
         position_ids: also write ``position_ids`` (list<int64>, restarting at 0 in every segment).
+        extra_cost: a per-row cost added to each row's ``cost`` in the data-parallel balance (``packkit.plan``'s):
+            one finite value >= 0 per dataset row, in dataset order (an array, list or tensor), or the name of a
+            numeric column holding it, e.g. the vision tower's FLOPs of each row's images
+            (:func:`packkit.vision_cost`). The column is read, not packed. ``None``: the plan of ``cost`` alone.
         return_report: return ``(dataset, PackReport)`` instead of the dataset.
         keep_in_memory, cache_file_name: where the packed rows go, as in ``Dataset.map``. By default a
             dataset backed by Arrow files on disk (``load_from_disk``, ``load_dataset``) is packed into a new
@@ -69,7 +76,7 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
 
         return pack_ray_dataset(dataset, seq_length, algorithm=algorithm, overlong=overlong, columns=columns,
                                 dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed, position_ids=position_ids,
-                                return_report=return_report, **options)
+                                return_report=return_report, extra_cost=extra_cost, **options)
     if options:
         raise TypeError(f"unexpected options {sorted(options)} for a datasets.Dataset")
     try:
@@ -95,14 +102,19 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
         raise ValueError("pass keep_in_memory=True or a cache_file_name, not both")
     if len(dataset) == 0:
         raise ValueError("the dataset is empty: there is nothing to pack")
-    chosen = select_columns(dataset.column_names, columns)
+    cost_column = extra_cost_column(extra_cost, dataset.column_names)
+    if cost_column is not None:
+        extra_cost = extra_cost_values(dataset.select_columns([cost_column]).with_format("arrow")[:].column(0),
+                                       cost_column)
+    chosen = select_columns([c for c in dataset.column_names if c != cost_column], columns)
     excluded = [c for c in dataset.column_names if c not in chosen]
     table = dataset.select_columns(chosen).with_format("arrow")[:]  # a zero-copy slice unless rows were selected
     cols = [token_column(name, table.column(name)) for name in chosen]
     lengths = check_row_lengths(cols)
+    extra = as_extra_cost(extra_cost, len(lengths))
 
     p, segments, empty_removed = plan_rows(lengths, seq_length, algorithm=algorithm, overlong=overlong,
-                                           dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed)
+                                           dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed, extra_cost=extra)
     schema = packed_schema(cols, position_ids=position_ids)
     report = report_from_plan(p, lengths=lengths, seq_length=seq_length, columns=chosen, excluded=excluded,
                               empty_removed=empty_removed, rows=len(segments.bin_offsets) - 1)
@@ -111,7 +123,8 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
                                 features=datasets.Features.from_arrow_schema(schema))
     # An explicit fingerprint: otherwise datasets hashes every token of the new table (seconds per GB).
     params = [dataset._fingerprint, seq_length, algorithm, overlong, chosen, dp_size,
-              cost if isinstance(cost, (str, tuple, list)) else repr(cost), shuffle, seed, position_ids]
+              cost if isinstance(cost, (str, tuple, list)) else repr(cost), shuffle, seed, position_ids,
+              None if extra is None else hashlib.blake2b(extra.tobytes(), digest_size=16).hexdigest()]
     fingerprint = datasets.fingerprint.Hasher.hash(["packkit.pack_dataset", *params])
     if cache_file_name is None and not keep_in_memory and dataset.cache_files:
         cache_file_name = _cache_file_path(datasets, dataset, fingerprint)

@@ -22,8 +22,9 @@ import numpy as np
 
 from .arrow_packing import (MAX_CHUNK_TOKENS, TokenColumn, check_row_lengths, pack_table, pack_values, select_columns,
                             token_column)
-from ..planning.planner import CostSpec, Segments, _as_count
-from .global_plan import check_options, plan_rows, report_from_plan
+from ..planning.planner import CostSpec, Segments, _as_count, as_extra_cost
+from .global_plan import (check_extra_cost_type, check_options, extra_cost_column, extra_cost_values, plan_rows,
+                          report_from_plan)
 
 logger = logging.getLogger("packkit")
 
@@ -38,13 +39,18 @@ def _block_rows(block) -> int:
     return _arrow(block).num_rows
 
 
-def _block_lengths(block, names: list, row_offset: int):
-    """((lengths, content keys), None) or (None, (error class name, message)): errors name global rows, raised on
-    the driver; the keys are :func:`row_keys` of the block's rows."""
+def _block_lengths(block, names: list, row_offset: int, cost_column: Optional[str] = None):
+    """((lengths, content keys, extra costs or None), None) or (None, (error class name, message)): errors name
+    global rows, raised on the driver; the keys are :func:`row_keys` of the block's rows (and their extra cost)."""
     table = _arrow(block)
     try:
         cols = [token_column(n, table.column(n), row_offset=row_offset) for n in names]
-        return (check_row_lengths(cols, row_offset=row_offset), row_keys(table, names)), None
+        lengths, keys, costs = check_row_lengths(cols, row_offset=row_offset), row_keys(table, names), None
+        if cost_column is not None:
+            costs = extra_cost_values(table.column(cost_column), cost_column)
+            with np.errstate(over="ignore"):  # equal tokens, other cost: another row
+                keys[:, 0] = _mix(keys[:, 0] ^ costs.view(np.uint64))
+        return (lengths, keys, costs), None
     except (ValueError, TypeError) as exc:
         return None, (type(exc).__name__, str(exc))
 
@@ -120,7 +126,7 @@ def _pack_chunk(types: dict, names: list, order: np.ndarray, lengths: np.ndarray
 def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, overlong: str = "error",
                      columns: Optional[Sequence[str]] = None, dp_size: int = 1, cost: CostSpec = "tokens",
                      shuffle: bool = True, seed: Optional[int] = 0, position_ids: bool = False,
-                     return_report: bool = False, num_blocks: Optional[int] = None):
+                     return_report: bool = False, num_blocks: Optional[int] = None, extra_cost=None):
     """:func:`packkit.pack_dataset` for a ``ray.data.Dataset``; returns a ``ray.data.Dataset``.
 
     ``num_blocks``: output blocks (= packing tasks); default: as many as the input has (at least one,
@@ -130,15 +136,26 @@ def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = Non
     in the order of a 128-bit digest of their content: equal rows and ``seed`` give the same output whatever the
     block order. ``shuffle=False`` orders steps by that content order (there is no source order to keep). The
     report's index arrays name rows in the dataset's own block order (Ray is asked to preserve it for this read).
+    ``extra_cost``: one value per row in that order, or the name of a numeric column (read by the tasks, not packed).
     """
     import ray
 
     seq_length = _as_count(seq_length, "seq_length")
     dp_size = _as_count(dp_size, "dp_size")
     shuffle, seed, position_ids = check_options(algorithm, overlong, cost, shuffle, seed, position_ids)
-    names = select_columns(dataset.schema().names, columns)
-    excluded = [c for c in dataset.schema().names if c not in names]
-    refs = _blocks_in_order(dataset.select_columns(names))
+    all_names = dataset.schema().names
+    cost_column = extra_cost_column(extra_cost, all_names)
+    if cost_column is not None:
+        check_extra_cost_type(_arrow_type(dataset, cost_column), cost_column)
+    names = select_columns([c for c in all_names if c != cost_column], columns)
+    excluded = [c for c in all_names if c not in names]
+    if cost_column is None and extra_cost is not None:  # an array: its type and values before the pass over the data
+        try:
+            n = len(extra_cost)
+        except TypeError:
+            n = 0
+        as_extra_cost(extra_cost, n)
+    refs = _blocks_in_order(dataset.select_columns(names + ([cost_column] if cost_column else [])))
 
     rows_task = ray.remote(_block_rows)
     block_rows = np.array(ray.get([rows_task.remote(r) for r in refs]), dtype=np.int64)
@@ -150,19 +167,21 @@ def pack_ray_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = Non
     row_start = np.concatenate(([0], np.cumsum(block_rows)))
 
     lengths_task = ray.remote(_block_lengths)
-    results = ray.get([lengths_task.remote(r, names, int(row_start[b])) for b, r in enumerate(refs)])
+    results = ray.get([lengths_task.remote(r, names, int(row_start[b]), cost_column) for b, r in enumerate(refs)])
     for _, error in results:
         if error is not None:
             raise (TypeError if error[0] == "TypeError" else ValueError)(error[1])
     lengths = np.concatenate([r[0][0] for r in results])
     keys = np.concatenate([r[0][1] for r in results])
+    extra = as_extra_cost(np.concatenate([r[0][2] for r in results]) if cost_column else extra_cost, len(lengths))
     types = {n: _arrow_type(dataset, n) for n in names}
 
     # Rows in the order of their content keys, not in the order the blocks came: the same rows and seed give the
     # same plan whatever block order Ray's scheduler delivered (issue 46).
     canonical = content_order(keys)
     p, segments, empty_removed = plan_rows(lengths[canonical], seq_length, algorithm=algorithm, overlong=overlong,
-                                           dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed)
+                                           dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed,
+                                           extra_cost=None if extra is None else extra[canonical])
     seq, start, seg_len, bin_offsets = segments
     seq = canonical[seq]  # back to positions in the blocks as read
     num_rows = len(bin_offsets) - 1
