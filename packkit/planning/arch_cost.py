@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
 
 import numpy as np
 
+from .hf_inputs import config_from_mapping
 from .mixer_cost import HYBRID_FULL_ATTENTION, SCAN_FAMILIES, DeltaScan, refusal, unused_adapter_macs
 from .mixer_cost import scans as mixer_scans
 
@@ -260,13 +260,7 @@ def _cost_of(config, include_lm_head: bool):
 
 def architecture_cost(config, overrides: dict, include_lm_head: bool):
     """``(a, b)`` when every layer is full causal attention (the dense form, exact), else a :class:`DocumentCost`."""
-    import transformers
-
-    if isinstance(config, Mapping):
-        values = dict(config)
-        if "model_type" not in values:
-            raise ValueError("a config dict needs its model_type (config.to_dict() has it)")
-        config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    config = config_from_mapping(config)
     text = getattr(config, "text_config", None)
     # A multimodal config: its text part. Checked by the layer count too, since loaders (ms-swift's) copy the text
     # part's hidden_size to the top level.

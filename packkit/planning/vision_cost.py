@@ -29,9 +29,10 @@ is called with (pairs, exactly): tests/test_vision_cost.py.
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
+
+from .hf_inputs import as_grids, config_from_mapping
 
 # vision config model_type -> (transformers module, tower class)
 _TOWERS = {
@@ -53,13 +54,7 @@ def _figure(config, names, what: str) -> int:
 
 
 def _vision_config(config):
-    import transformers
-
-    if isinstance(config, dict):
-        values = dict(config)
-        if "model_type" not in values:
-            raise ValueError("a config dict needs its model_type (config.to_dict() has it)")
-        config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    config = config_from_mapping(config)
     vision = getattr(config, "vision_config", None)
     vision = config if vision is None else vision
     model_type = str(getattr(vision, "model_type", None))
@@ -128,20 +123,7 @@ class VisionCost:
         self.blocks = ["full" if window is None or b in full_blocks else "window" for b in range(depth)]
 
     def _grids(self, grids, name: str = "grids") -> np.ndarray:
-        torch = sys.modules.get("torch")
-        if grids is None:
-            return np.zeros((0, 3), np.int64)
-        if torch is not None and isinstance(grids, torch.Tensor):
-            grids = grids.detach().cpu().numpy()
-        array = np.asarray(grids)
-        if array.size == 0:
-            return np.zeros((0, 3), np.int64)
-        if array.ndim == 1 and array.shape[0] == 3:
-            array = array[None]
-        if array.ndim != 2 or array.shape[1] != 3 or array.dtype.kind not in "iu" or (array < 1).any():
-            raise ValueError(f"{name} must be [num, 3] positive integer (t, h, w) grids, got shape {array.shape} "
-                             f"dtype {array.dtype}")
-        array = array.astype(np.int64)
+        array = as_grids(grids, name)
         odd = np.flatnonzero((array[:, 1] % self.merge) | (array[:, 2] % self.merge))
         if len(odd):
             raise ValueError(f"{name}: grid {array[odd[0]].tolist()} has h or w not a multiple of the spatial merge "

@@ -21,6 +21,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ...planning.hf_inputs import as_grids as grids_of
+
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 
@@ -65,18 +67,8 @@ def check_mrope_start(mrope, position_ids_start) -> None:
 
 
 def as_grids(value, name: str, index) -> np.ndarray:
-    """``[k, 3]`` int64 grids (``None`` -> none)."""
-    if value is None:
-        return np.zeros((0, 3), np.int64)
-    grids = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-    if grids.size == 0:
-        return np.zeros((0, 3), np.int64)
-    if grids.ndim == 1 and grids.shape[0] == 3:
-        grids = grids[None]
-    if grids.ndim != 2 or grids.shape[1] != 3 or grids.dtype.kind not in "iu" or (grids < 1).any():
-        raise ValueError(f"sample {index}: {name} must be [num, 3] positive integer (t, h, w) grids, got "
-                         f"shape {grids.shape} dtype {grids.dtype}")
-    return grids.astype(np.int64, copy=False)
+    """``[k, 3]`` int64 grids of sample ``index`` (``None`` -> none)."""
+    return grids_of(value, f"sample {index}: {name}")
 
 
 def video_grids_for_rope(videos: np.ndarray, spec: MRopeSpec) -> np.ndarray:
