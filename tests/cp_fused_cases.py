@@ -8,6 +8,7 @@ import torch
 
 import packkit
 from cp_reference import reference_shard
+from packkit.context_parallel.fused import FusedPlan
 from pack_reference import reference_pack_batch
 from packkit.packing.sequences import identity_segments, pack_layout
 
@@ -66,3 +67,16 @@ def check_reference(out, seqs, lengths, kw, cp, rank, mode):
     else:
         assert "cu_seqlens_padded" not in out
     return ref
+
+
+def op_args(seed, mode, cp=3, rank=1):
+    """``packkit::cp_shard``'s arguments for a fused pack + shard of case ``seed`` (rank ``rank`` of ``cp``)."""
+    seqs, lengths, _ = make_case(seed)
+    flat = torch.cat(seqs)
+    segments = identity_segments(np.asarray(lengths, np.int64))
+    fused = FusedPlan(segments, pack_layout(segments, flat=True, row_len=int(sum(lengths)) + 2), lengths, cp, rank,
+                      mode)
+    cu = torch.from_numpy(fused.cu.astype(np.int32))
+    cup = torch.from_numpy(fused.cup.astype(np.int32)) if mode == "zigzag" else cu
+    return (flat, flat.clone(), None, cu, cup, cp, rank, mode == "zigzag", fused.local_len, 0, -100,
+            torch.from_numpy(fused.seg_src), 2, -100)

@@ -14,11 +14,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpu_gate
 import packkit
-from cp_fused_cases import KEYS, check_reference, make_case
+from cp_fused_cases import KEYS, check_reference, make_case, op_args
 from gpu_gate import on
 from packkit.context_parallel import pack_context_parallel, shard_context_parallel
 from packkit.context_parallel.fused import FusedPlan
-from packkit.packing.sequences import identity_segments, pack_layout
 from packkit.training import collator as collator_module
 
 BACKENDS = ["cpu", pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
@@ -108,7 +107,7 @@ def test_bad_input_raises_clear_errors():
         pack_context_parallel(seqs, 2, 0, layout="rows")
     with pytest.raises(ValueError, match="not split per token"):
         pack_context_parallel(seqs, 2, 0, fields={"pixel_values": [torch.zeros(4, 3), None]})
-    args = _op_args(2, "zigzag")
+    args = op_args(2, "zigzag")
     ids, lab, _, cu, cup, *rest = args
     seg_src = rest[-3]
     with pytest.raises(RuntimeError, match="position_ids must be None"):
@@ -122,27 +121,14 @@ def test_bad_input_raises_clear_errors():
                                    0, 1)
 
 
-def _op_args(seed, mode, cp=3, rank=1):
-    seqs, lengths, kw = make_case(seed)
-    kw.pop("labels")
-    flat = torch.cat(seqs)
-    segments = identity_segments(np.asarray(lengths, np.int64))
-    fused = FusedPlan(segments, pack_layout(segments, flat=True, row_len=int(sum(lengths)) + 2), lengths, cp, rank,
-                      mode)
-    cu = torch.from_numpy(fused.cu.astype(np.int32))
-    cup = torch.from_numpy(fused.cup.astype(np.int32)) if mode == "zigzag" else cu
-    return (flat, flat.clone(), None, cu, cup, cp, rank, mode == "zigzag", fused.local_len, 0, -100,
-            torch.from_numpy(fused.seg_src), 2, -100)
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_opcheck_fused(mode):
     for seed in (0, 3):
-        torch.library.opcheck(torch.ops.packkit.cp_shard.default, _op_args(seed, mode))
+        torch.library.opcheck(torch.ops.packkit.cp_shard.default, op_args(seed, mode))
 
 
 def test_compile_fullgraph_fused():
-    args = _op_args(4, "zigzag")
+    args = op_args(4, "zigzag")
 
     def step(ids, lab, cu, cup, seg_src):
         out = torch.ops.packkit.cp_shard(ids, lab, None, cu, cup, *args[5:11], seg_src, 2, -100)

@@ -5,16 +5,13 @@ pointers fails or faults). Needs two GPUs; the CPU twin is tests/test_device_gua
 the tensors' device guard, checked in the sources)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 import gpu_gate
-from cp_fused_cases import make_case as make_cp_case
+from cp_fused_cases import op_args as cp_args
 from gpu_gate import ops_for
 from pack_samples import make_case
-from packkit.context_parallel.fused import FusedPlan
-from packkit.packing.sequences import identity_segments, pack_layout
 from shared_prefix_cases import make_case as make_forest, op_args as forest_args
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2,
@@ -69,23 +66,10 @@ def test_pack_families_on_a_non_current_device(backend, seed):
     _same_on_cuda1(_op(backend, "unpack_padded"), (packed, *seg[1:], False, len(case.lengths), 40, 0.0))
 
 
-def _cp_args(seed, mode, cp=3, rank=1):
-    """packkit::cp_shard's arguments for a fused pack + shard (as tests/test_cp_fused.py builds them)."""
-    seqs, lengths, _ = make_cp_case(seed)
-    flat = torch.cat(seqs)
-    segments = identity_segments(np.asarray(lengths, np.int64))
-    fused = FusedPlan(segments, pack_layout(segments, flat=True, row_len=int(sum(lengths)) + 2), lengths, cp, rank,
-                      mode)
-    cu = torch.from_numpy(fused.cu.astype(np.int32))
-    cup = torch.from_numpy(fused.cup.astype(np.int32)) if mode == "zigzag" else cu
-    return (flat, flat.clone(), None, cu, cup, cp, rank, mode == "zigzag", fused.local_len, 0, -100,
-            torch.from_numpy(fused.seg_src), 2, -100)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", ["zigzag", "contiguous"])
 def test_cp_shard_on_a_non_current_device(backend, mode):
-    _same_on_cuda1(_op(backend, "cp_shard"), _cp_args(4, mode))
+    _same_on_cuda1(_op(backend, "cp_shard"), cp_args(4, mode))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
