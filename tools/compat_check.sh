@@ -10,7 +10,8 @@
 #
 # PACKKIT_COMPAT_TORCHES: torch versions, newest first (default "2.13.0 2.11.0 2.10.0"). PACKKIT_COMPAT_OP_TESTS:
 # the torches whose venv also runs the op-layer tests (default: every one; the others get `packkit info` and the
-# symbol check: .ci/run names the build's torch only, to fit its budget). PACKKIT_BUILD_TORCH:
+# symbol check). PACKKIT_COMPAT_SDIST=0 skips the sdist check (a second C++ build). .ci/run, to fit its budget:
+# PACKKIT_COMPAT_TORCHES=2.11.0 PACKKIT_COMPAT_SDIST=0 (the wheel, on the build's torch). PACKKIT_BUILD_TORCH:
 # the CUDA torch the wheel is built against (default 2.11.0). PACKKIT_CUDA_ARCHS: archs of the CI build
 # (default 90-real; release wheels build all of them). Everything lives in build/compat, inside the clone.
 # PACKKIT_COMPAT_REUSE=1 keeps and reuses the venvs (packkit uninstalled first): local re-runs only.
@@ -192,7 +193,9 @@ done
 # where no torch is, pip stops at once with what to do instead of downloading a CUDA torch.
 SDIST=$(ls -t "$(dirname "$WHEEL")"/packkit-*.tar.gz 2>/dev/null | head -1)
 env=$(venv_of "${TORCHES[0]}")
-if [ -z "$SDIST" ] || [ ! -x "$env/bin/python" ]; then
+if [ "${PACKKIT_COMPAT_SDIST:-1}" = 0 ]; then
+  RESULT[sdist]="not checked here (PACKKIT_COMPAT_SDIST=0)"
+elif [ -z "$SDIST" ] || [ ! -x "$env/bin/python" ]; then
   RESULT[sdist]="SKIP: no sdist beside the wheel, or no torch ${TORCHES[0]} venv"
 else
   echo "== sdist $(basename "$SDIST") ($((SECONDS - START)) s) =="

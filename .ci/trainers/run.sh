@@ -17,9 +17,9 @@ start_installs() {
   for trainer in $TRAINERS; do
     (  # its wall and CPU time go to .ci/run's stage table (GNU time, where installed)
       if [ -x /usr/bin/time ]; then
-        /usr/bin/time -a -o build/ci-stages.txt -f "trainer-install-$trainer|%e|%U|%S" bash ".ci/trainers/$trainer.sh" install
+        /usr/bin/time -a -o build/ci-stages.txt -f "trainer-install-$trainer|%e|%U|%S" nice -n 10 bash ".ci/trainers/$trainer.sh" install
       else
-        bash ".ci/trainers/$trainer.sh" install
+        nice -n 10 bash ".ci/trainers/$trainer.sh" install
       fi >"$LOGS/$trainer.log" 2>&1; echo $? >"$LOGS/$trainer.rc"
     ) &
   done
