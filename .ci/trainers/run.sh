@@ -15,7 +15,8 @@ LOGS=build/ci-trainers
 start_installs() {
   rm -rf "$LOGS" && mkdir -p "$LOGS"
   for trainer in $TRAINERS; do
-    (  # its wall and CPU time go to .ci/run's stage table (GNU time, where installed)
+    (  # its wall and CPU time go to .ci/run's stage table (GNU time, where installed); set +e: the .rc file is
+      set +e  # written whatever the install's status (set -e would leave the subshell first)
       if [ -x /usr/bin/time ]; then
         /usr/bin/time -a -o build/ci-stages.txt -f "trainer-install-$trainer|%e|%U|%S" nice -n 10 bash ".ci/trainers/$trainer.sh" install
       else
