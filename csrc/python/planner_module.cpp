@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "../planner/context_parallel_plan.hpp"
 #include "../planner/micro_batches.hpp"
 #include "../planner/planner.hpp"
 #include "../planner/prefix_forest.hpp"
@@ -277,6 +278,45 @@ py::tuple forest_metrics(py::array_t<int64_t, py::array::c_style | py::array::fo
   return py::make_tuple(depth, position, end);
 }
 
+// Dynamic CP plan (context_parallel_plan.hpp); inputs validated by packkit.planning.context_parallel.
+py::dict plan_context_parallel(py::array_t<int64_t, py::array::c_style | py::array::forcecast> lengths,
+                               py::array_t<double, py::array::c_style | py::array::forcecast> costs, int64_t world,
+                               std::vector<int64_t> caps, std::vector<double> speed, double cp_comm,
+                               double pass_overhead, bool pow2, int64_t min_cp, int64_t max_cp, bool pass_barrier) {
+  if (lengths.ndim() != 1 || costs.ndim() != 1 || costs.shape(0) != lengths.shape(0))
+    throw packkit::InvalidInput("plan_context_parallel: lengths and costs must be 1-D and of one size");
+  packkit::CpOptions opts;
+  opts.world = world;
+  opts.caps = std::move(caps);
+  opts.speed = std::move(speed);
+  opts.cp_comm = cp_comm;
+  opts.pass_overhead = pass_overhead;
+  opts.pow2 = pow2;
+  opts.min_cp = min_cp;
+  opts.max_cp = max_cp;
+  opts.pass_barrier = pass_barrier;
+  packkit::CpPlan r;
+  {
+    py::gil_scoped_release no_gil;
+    r = packkit::plan_context_parallel(lengths.data(), costs.data(), lengths.shape(0), opts);
+  }
+  py::dict out;
+  out["rank_start"] = to_numpy(std::move(r.rank_start));
+  out["group_size"] = to_numpy(std::move(r.group_size));
+  out["offsets"] = to_numpy(std::move(r.offsets));
+  out["seqs"] = to_numpy(std::move(r.seqs));
+  out["step"] = to_numpy(std::move(r.step));
+  out["local_tokens"] = to_numpy(std::move(r.local_tokens));
+  out["start"] = to_numpy(std::move(r.start));
+  out["duration"] = to_numpy(std::move(r.duration));
+  out["cp_size"] = to_numpy(std::move(r.cp_size));
+  out["makespan"] = r.makespan;
+  out["lower_bound"] = r.lower_bound;
+  out["num_steps"] = r.num_steps;
+  out["candidates"] = r.candidates;
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_planner, m) {
@@ -292,6 +332,9 @@ PYBIND11_MODULE(_planner, m) {
   m.def("prefix_forest", &prefix_forest, py::arg("tokens"), py::arg("offsets"), py::arg("groups") = py::none(),
         py::arg("labels") = py::none());
   m.def("label_flags", &label_flags, py::arg("labels"), py::arg("tokens"), py::arg("offsets"));
+  m.def("plan_context_parallel", &plan_context_parallel, py::arg("lengths"), py::arg("costs"), py::arg("world"),
+        py::arg("caps"), py::arg("speed"), py::arg("cp_comm"), py::arg("pass_overhead"), py::arg("pow2"),
+        py::arg("min_cp"), py::arg("max_cp"), py::arg("pass_barrier"));
   m.def("forest_metrics", &forest_metrics, py::arg("parent"), py::arg("length"));
   m.def("flatten_token_lists", &flatten_token_lists, py::arg("sequences"), py::arg("name"),
         py::arg("non_negative") = true);

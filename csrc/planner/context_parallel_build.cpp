@@ -1,0 +1,320 @@
+// The two plan builders of dynamic CP (context_parallel_plan.hpp): list scheduling without barrier and
+// steps under the "pass" barrier. Both only ever append sequences to passes, so each is O(n log n) plus the
+// group scans (O(W / c) per wide sequence for aligned blocks, O(W) for blocks of any size).
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <map>
+#include <queue>
+
+#include "context_parallel_internal.hpp"
+
+namespace packkit {
+namespace cp_detail {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Passes under construction: the group, the tokens per rank, the summed t of its sequences.
+struct Passes {
+  double overhead = 0.0;
+  std::vector<int64_t> start, size, tokens, cap, step;
+  std::vector<double> work, speed, begin;
+  std::vector<char> closed;             // a later pass shares one of its ranks: nothing can join it
+  std::vector<int32_t> seq_pass;
+
+  explicit Passes(int64_t n, double o) : overhead(o), seq_pass(static_cast<size_t>(n), -1) {}
+  double duration(int64_t p) const { return overhead + work[p] / speed[p]; }
+  int64_t open(int64_t s, int64_t c, int64_t cp, double sp, double b, int64_t st = 0) {
+    start.push_back(s); size.push_back(c); tokens.push_back(0); cap.push_back(cp); step.push_back(st);
+    work.push_back(0.0); speed.push_back(sp); begin.push_back(b); closed.push_back(0);
+    return static_cast<int64_t>(start.size()) - 1;
+  }
+  void add(int64_t p, int64_t i, int64_t tok, double t) {
+    tokens[p] += tok;
+    work[p] += t;
+    seq_pass[i] = static_cast<int32_t>(p);
+  }
+};
+
+// Passes -> CpPlan: CSR of each pass's sequences (by index), and the makespan re-simulated from the list.
+CpPlan finish(const Ctx& x, const std::vector<int32_t>& chosen, Passes& ps, bool barrier) {
+  CpPlan out;
+  const size_t P = ps.start.size();
+  out.offsets.assign(P + 1, 0);
+  for (int64_t i = 0; i < x.n; ++i) ++out.offsets[ps.seq_pass[i] + 1];
+  for (size_t p = 0; p < P; ++p) out.offsets[p + 1] += out.offsets[p];
+  out.seqs.resize(static_cast<size_t>(x.n));
+  std::vector<int64_t> fill(out.offsets.begin(), out.offsets.end() - 1);
+  for (int64_t i = 0; i < x.n; ++i) out.seqs[fill[ps.seq_pass[i]]++] = i;
+  out.cp_size.resize(static_cast<size_t>(x.n));
+  for (int64_t i = 0; i < x.n; ++i) out.cp_size[i] = x.sizes[chosen[i]];
+  out.duration.resize(P);
+  out.start.resize(P);
+  for (size_t p = 0; p < P; ++p) out.duration[p] = ps.duration(static_cast<int64_t>(p));
+  if (barrier) {  // steps run back to back; each lasts its longest pass
+    std::vector<double> step_len;
+    for (size_t p = 0; p < P; ++p) {
+      if (ps.step[p] >= static_cast<int64_t>(step_len.size())) step_len.resize(ps.step[p] + 1, 0.0);
+      step_len[ps.step[p]] = std::max(step_len[ps.step[p]], out.duration[p]);
+    }
+    std::vector<double> step_begin(step_len.size() + 1, 0.0);
+    for (size_t s = 0; s < step_len.size(); ++s) step_begin[s + 1] = step_begin[s] + step_len[s];
+    for (size_t p = 0; p < P; ++p) out.start[p] = step_begin[ps.step[p]];
+    out.makespan = step_begin.back();
+    out.num_steps = static_cast<int64_t>(step_len.size());
+  } else {  // each pass starts when all its ranks are free
+    std::vector<double> free(static_cast<size_t>(x.W), 0.0);
+    double makespan = 0.0;
+    for (size_t p = 0; p < P; ++p) {
+      double b = 0.0;
+      for (int64_t r = ps.start[p]; r < ps.start[p] + ps.size[p]; ++r) b = std::max(b, free[r]);
+      out.start[p] = b;
+      const double e = b + out.duration[p];
+      for (int64_t r = ps.start[p]; r < ps.start[p] + ps.size[p]; ++r) free[r] = e;
+      makespan = std::max(makespan, e);
+    }
+    out.makespan = makespan;
+  }
+  out.rank_start = std::move(ps.start);
+  out.group_size = std::move(ps.size);
+  out.local_tokens = std::move(ps.tokens);
+  out.step = std::move(ps.step);
+  return out;
+}
+
+// Sequence order: widest first then longest (order 0), or longest pass first (order 1); ties by index.
+std::vector<int64_t> sorted_items(const Ctx& x, const std::vector<int32_t>& chosen, std::vector<int64_t> items,
+                                  int order) {
+  std::vector<double> key(static_cast<size_t>(x.n), 0.0);
+  for (int64_t i : items) key[i] = x.t(i, x.sizes[chosen[i]]) / x.size_speed[chosen[i]];
+  std::sort(items.begin(), items.end(), [&](int64_t a, int64_t b) {
+    if (order == 0 && chosen[a] != chosen[b]) return chosen[a] > chosen[b];
+    if (key[a] != key[b]) return key[a] > key[b];
+    return a < b;
+  });
+  return items;
+}
+
+}  // namespace
+
+CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
+  const double O = x.opts.pass_overhead;
+  const auto& caps = x.opts.caps;
+  const auto& speed = x.opts.speed;
+  Passes ps(x.n, O);
+  std::vector<double> free(static_cast<size_t>(x.W), 0.0);
+  std::vector<int64_t> last(static_cast<size_t>(x.W), -1);
+  // pow2: the latest free time in each aligned block, per level (free times only grow, so a max suffices).
+  std::vector<std::vector<double>> level_free;
+  if (x.opts.pow2)
+    for (const auto& lc : x.level_cap) level_free.emplace_back(lc.size(), 0.0);
+  auto occupy = [&](int64_t p, double end) {  // the pass's ranks are busy until `end`
+    const int64_t s = ps.start[p], c = ps.size[p];
+    for (int64_t r = s; r < s + c; ++r) {
+      if (last[r] >= 0 && last[r] != p) ps.closed[last[r]] = 1;
+      last[r] = p;
+      free[r] = end;
+    }
+    for (size_t l = 0; l < level_free.size(); ++l) {
+      auto& lf = level_free[l];
+      const int64_t hi = std::min<int64_t>(static_cast<int64_t>(lf.size()) - 1, (s + c - 1) >> l);
+      for (int64_t j = s >> l; j <= hi; ++j) lf[j] = std::max(lf[j], end);
+    }
+  };
+  auto can_join = [&](int64_t p, int64_t s, int64_t c, int64_t tok) {
+    return p >= 0 && !ps.closed[p] && ps.start[p] == s && ps.size[p] == c && ps.tokens[p] + tok <= ps.cap[p];
+  };
+
+  std::vector<int64_t> wide, narrow;
+  for (int64_t i = 0; i < x.n; ++i) (x.sizes[chosen[i]] > 1 ? wide : narrow).push_back(i);
+
+  // Wide sequences, in order, each onto the group of its size where it finishes first (joining the group's
+  // open pass when its tokens fit: one overhead less).
+  std::deque<int64_t> qmax, qcap, qspeed;  // sliding windows for blocks of any size
+  for (int64_t i : sorted_items(x, chosen, wide, order)) {
+    const int64_t c = x.sizes[chosen[i]], tok = cp_local_tokens(x.L[i], c);
+    const double ti = x.t(i, c);
+    double best_fin = kInf, best_begin = 0.0, best_speed = 1.0;
+    int64_t best_s = -1, best_cap = 0;
+    bool best_join = false;
+    auto consider = [&](int64_t s, double begin, int64_t bcap, double bspeed) {
+      const int64_t p = last[s];
+      if (can_join(p, s, c, tok)) {
+        const double fin = ps.begin[p] + ps.duration(p) + ti / ps.speed[p];
+        if (fin < best_fin) best_fin = fin, best_s = s, best_join = true;
+      } else if (tok <= bcap) {
+        const double fin = begin + O + ti / bspeed;
+        if (fin < best_fin) best_fin = fin, best_s = s, best_join = false, best_begin = begin, best_cap = bcap,
+                            best_speed = bspeed;
+      }
+    };
+    if (x.opts.pow2) {
+      int64_t l = 0;
+      while ((int64_t{1} << l) < c) ++l;
+      for (size_t j = 0; j < level_free[l].size(); ++j)
+        consider(static_cast<int64_t>(j) * c, level_free[l][j], x.level_cap[l][j], x.level_speed[l][j]);
+    } else {
+      qmax.clear(), qcap.clear(), qspeed.clear();
+      for (int64_t r = 0; r < x.W; ++r) {
+        while (!qmax.empty() && free[qmax.back()] <= free[r]) qmax.pop_back();
+        while (!qcap.empty() && caps[qcap.back()] >= caps[r]) qcap.pop_back();
+        while (!qspeed.empty() && speed[qspeed.back()] >= speed[r]) qspeed.pop_back();
+        qmax.push_back(r), qcap.push_back(r), qspeed.push_back(r);
+        const int64_t s = r - c + 1;
+        if (s < 0) continue;
+        while (qmax.front() < s) qmax.pop_front();
+        while (qcap.front() < s) qcap.pop_front();
+        while (qspeed.front() < s) qspeed.pop_front();
+        consider(s, free[qmax.front()], caps[qcap.front()], speed[qspeed.front()]);
+      }
+    }
+    const int64_t p = best_join ? last[best_s] : ps.open(best_s, c, best_cap, best_speed, best_begin);
+    ps.add(p, i, tok, ti);
+    occupy(p, ps.begin[p] + ps.duration(p));
+  }
+
+  // Narrow sequences (c = 1), longest first, onto the rank where each finishes first: one heap of free times
+  // per (speed, cap) class, each class's earliest rank a candidate.
+  std::map<std::pair<double, int64_t>, int> class_id;
+  std::vector<int> rank_class(static_cast<size_t>(x.W));
+  for (int64_t r = 0; r < x.W; ++r)
+    rank_class[r] = class_id.emplace(std::make_pair(speed[r], caps[r]), static_cast<int>(class_id.size()))
+                        .first->second;
+  using Entry = std::pair<double, int64_t>;
+  std::vector<std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>> heaps(class_id.size());
+  for (int64_t r = 0; r < x.W; ++r) heaps[rank_class[r]].emplace(free[r], r);
+  for (int64_t i : sorted_items(x, chosen, narrow, 0)) {
+    const int64_t tok = x.L[i];
+    const double ti = x.C[i];
+    double best_fin = kInf;
+    int best_q = -1;
+    for (size_t q = 0; q < heaps.size(); ++q) {
+      const int64_t r = heaps[q].top().second;
+      if (caps[r] < tok) continue;
+      const double fin = free[r] + (can_join(last[r], r, 1, tok) ? 0.0 : O) + ti / speed[r];
+      if (fin < best_fin) best_fin = fin, best_q = static_cast<int>(q);
+    }
+    const int64_t r = heaps[best_q].top().second;
+    heaps[best_q].pop();
+    const int64_t p = can_join(last[r], r, 1, tok) ? last[r] : ps.open(r, 1, caps[r], speed[r], free[r]);
+    ps.add(p, i, tok, ti);
+    occupy(p, ps.begin[p] + ps.duration(p));
+    heaps[best_q].emplace(free[r], r);
+  }
+  return finish(x, chosen, ps, false);
+}
+
+CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
+  const double O = x.opts.pass_overhead;
+  const auto& caps = x.opts.caps;
+  const auto& speed = x.opts.speed;
+  const int64_t W = x.W;
+  Passes ps(x.n, O);
+  std::vector<int64_t> all(static_cast<size_t>(x.n));
+  for (int64_t i = 0; i < x.n; ++i) all[i] = i;
+  std::vector<int64_t> remaining = sorted_items(x, chosen, std::move(all), order == 0 ? 1 : 0), deferred;
+  std::vector<int64_t> owner(static_cast<size_t>(W));
+  std::vector<std::vector<int64_t>> level_used;  // pow2: ranks taken in each aligned block this step
+  if (x.opts.pow2)
+    for (const auto& lc : x.level_cap) level_used.emplace_back(lc.size(), 0);
+  using Entry = std::pair<double, int64_t>;  // (duration, pass): the least loaded group of a size first
+  std::vector<std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>> open(x.sizes.size());
+  int64_t step = 0;
+  while (!remaining.empty()) {
+    std::fill(owner.begin(), owner.end(), -1);
+    for (auto& lu : level_used) std::fill(lu.begin(), lu.end(), 0);
+    for (auto& h : open) h = {};
+    std::vector<int64_t> level_ptr(level_used.size(), 0);
+    int64_t lp = 0, rp = W - 1;  // uniform ranks: wide groups from the left, single ranks from the right
+    double limit = -1.0;         // the step's length: its first (longest) pass
+    const int64_t first_pass = static_cast<int64_t>(ps.start.size());
+    auto take = [&](int64_t s, int64_t c, int64_t p) {
+      for (int64_t r = s; r < s + c; ++r) owner[r] = p;
+      for (size_t l = 0; l < level_used.size(); ++l) {
+        auto& lu = level_used[l];
+        const int64_t hi = std::min<int64_t>(static_cast<int64_t>(lu.size()) - 1, (s + c - 1) >> l);
+        for (int64_t j = s >> l; j <= hi; ++j) lu[j] += 1;
+      }
+    };
+    // A free group of c ranks whose cap holds tok, or -1.
+    auto find_block = [&](size_t k, int64_t c, int64_t tok) -> int64_t {
+      if (c == 1) {
+        if (x.uniform) {
+          while (rp >= 0 && owner[rp] >= 0) --rp;
+          return rp >= 0 ? rp : -1;
+        }
+        for (int64_t r = W - 1; r >= 0; --r)
+          if (owner[r] < 0 && caps[r] >= tok) return r;
+        return -1;
+      }
+      if (x.opts.pow2) {
+        int64_t l = 0;
+        while ((int64_t{1} << l) < c) ++l;
+        const auto& lu = level_used[l];
+        if (x.uniform) {
+          auto& j = level_ptr[l];
+          while (j < static_cast<int64_t>(lu.size()) && lu[j] > 0) ++j;
+          return j < static_cast<int64_t>(lu.size()) ? j * c : -1;
+        }
+        for (size_t j = 0; j < lu.size(); ++j)
+          if (lu[j] == 0 && x.level_cap[l][j] >= tok) return static_cast<int64_t>(j) * c;
+        return -1;
+      }
+      if (x.uniform) {
+        while (lp < W && owner[lp] >= 0) ++lp;
+        while (rp >= 0 && owner[rp] >= 0) --rp;
+        return lp + c - 1 <= rp ? lp : -1;
+      }
+      (void)k;
+      int64_t run = 0;
+      for (int64_t r = 0; r < W; ++r) {
+        run = (owner[r] < 0 && caps[r] >= tok) ? run + 1 : 0;
+        if (run == c) return r - c + 1;
+      }
+      return -1;
+    };
+    for (int64_t i : remaining) {
+      const size_t k = static_cast<size_t>(chosen[i]);
+      const int64_t c = x.sizes[k], tok = cp_local_tokens(x.L[i], c);
+      const double ti = x.t(i, c);
+      // Join the least loaded pass of this size if it stays within the step and its cap.
+      if (!open[k].empty()) {
+        const int64_t p = open[k].top().second;
+        if (ps.tokens[p] + tok <= ps.cap[p] && O + (ps.work[p] + ti) / ps.speed[p] <= limit) {
+          open[k].pop();
+          ps.add(p, i, tok, ti);
+          open[k].emplace(ps.duration(p), p);
+          continue;
+        }
+      }
+      const int64_t s = find_block(k, c, tok);
+      double sp = kInf;
+      int64_t cap = std::numeric_limits<int64_t>::max();
+      if (s >= 0)
+        for (int64_t r = s; r < s + c; ++r) sp = std::min(sp, speed[r]), cap = std::min(cap, caps[r]);
+      if (s < 0 || cap < tok || (limit >= 0 && O + ti / sp > limit)) {
+        deferred.push_back(i);
+        continue;
+      }
+      const int64_t p = ps.open(s, c, cap, sp, 0.0, step);
+      ps.add(p, i, tok, ti);
+      take(s, c, p);
+      if (limit < 0) limit = ps.duration(p);
+      open[k].emplace(ps.duration(p), p);
+    }
+    // Every rank runs one pass per step: the idle ones an empty pass (a dummy micro-batch for the collectives).
+    for (int64_t r = 0; r < W; ++r)
+      if (owner[r] < 0) ps.open(r, 1, caps[r], speed[r], 0.0, step);
+    (void)first_pass;
+    remaining.swap(deferred);
+    deferred.clear();
+    ++step;
+  }
+  return finish(x, chosen, ps, true);
+}
+
+}  // namespace cp_detail
+}  // namespace packkit

@@ -1,0 +1,42 @@
+// Shared between context_parallel_plan.cpp (sizes, bound, candidates) and context_parallel_build.cpp (builders).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "context_parallel_plan.hpp"
+
+namespace packkit {
+namespace cp_detail {
+
+// The inputs plus what every candidate plan reuses: the allowed CP sizes and, per size, the largest cap and
+// speed a group of that size offers (pow2: per aligned block too, `level_*[log2 c][j]`).
+struct Ctx {
+  const int64_t* L;
+  const double* C;
+  int64_t n;
+  const CpOptions& opts;
+  int64_t W;
+  std::vector<int64_t> sizes;           // allowed CP sizes, ascending
+  std::vector<int64_t> size_cap;        // per size: max over groups of the group's min cap
+  std::vector<double> size_speed;       // per size: max over groups of the group's min speed
+  std::vector<std::vector<int64_t>> level_cap;    // pow2: min cap of aligned block j of size 2^l
+  std::vector<std::vector<double>> level_speed;   // pow2: min speed of that block
+  std::vector<int32_t> min_size;        // per sequence: index of its smallest feasible size
+  int64_t cap_max = 0;
+  double speed_min = 1.0, speed_sum = 1.0;
+  bool uniform = true;                  // one cap and one speed for all ranks
+
+  Ctx(const int64_t* lengths, const double* costs, int64_t n, const CpOptions& opts);
+  double t(int64_t i, int64_t c) const;                    // seconds of sequence i on c ranks at speed 1
+  bool fits(int64_t i, size_t k) const;                    // some group of size sizes[k] holds it
+  double best_pass_time(int64_t i, size_t k) const;        // alone in a pass on the fastest such group
+  double lower_bound() const;
+  std::vector<int32_t> choose_sizes(double target) const;  // size index per sequence
+};
+
+// order 0: widest groups first (then longest); order 1: longest pass first whatever its size.
+CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order);   // no barrier
+CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order);  // "pass" barrier
+
+}  // namespace cp_detail
+}  // namespace packkit

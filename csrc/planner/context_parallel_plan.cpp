@@ -1,0 +1,233 @@
+// Dynamic CP planning (context_parallel_plan.hpp): sizes and the certified lower bound here, the builders
+// (list scheduling without barrier, steps under the "pass" barrier) in context_parallel_build.cpp.
+#include "context_parallel_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "context_parallel_internal.hpp"
+#include "plan_types.hpp"
+
+namespace packkit {
+namespace cp_detail {
+
+namespace {
+
+// For each window width w in 1..W: max over windows of that width of the window's min value (the best a
+// contiguous group of w ranks offers). O(W) with a monotonic stack: rank r is the min of windows up to the
+// width between its nearest smaller neighbours.
+template <typename T>
+std::vector<T> best_window_min(const std::vector<T>& v) {
+  const int64_t W = static_cast<int64_t>(v.size());
+  std::vector<int64_t> left(W), right(W), stack;
+  for (int64_t r = 0; r < W; ++r) {
+    while (!stack.empty() && v[stack.back()] >= v[r]) stack.pop_back();
+    left[r] = stack.empty() ? -1 : stack.back();
+    stack.push_back(r);
+  }
+  stack.clear();
+  for (int64_t r = W - 1; r >= 0; --r) {
+    while (!stack.empty() && v[stack.back()] > v[r]) stack.pop_back();
+    right[r] = stack.empty() ? W : stack.back();
+    stack.push_back(r);
+  }
+  std::vector<T> best(W + 1, std::numeric_limits<T>::lowest());
+  for (int64_t r = 0; r < W; ++r) best[right[r] - left[r] - 1] = std::max(best[right[r] - left[r] - 1], v[r]);
+  for (int64_t w = W - 1; w >= 1; --w) best[w] = std::max(best[w], best[w + 1]);  // wider fits also narrower
+  return best;
+}
+
+}  // namespace
+
+Ctx::Ctx(const int64_t* lengths, const double* costs, int64_t n_, const CpOptions& o)
+    : L(lengths), C(costs), n(n_), opts(o), W(o.world) {
+  // Allowed sizes and what the best group of each size offers (its smallest cap and slowest speed).
+  if (opts.pow2) {
+    level_cap.push_back(opts.caps);
+    level_speed.push_back(opts.speed);
+    for (int64_t c = 2; c <= W; c *= 2) {
+      const auto& pc = level_cap.back();
+      const auto& ps = level_speed.back();
+      std::vector<int64_t> cap(static_cast<size_t>(W / c));
+      std::vector<double> sp(cap.size());
+      for (size_t j = 0; j < cap.size(); ++j) {
+        cap[j] = std::min(pc[2 * j], pc[2 * j + 1]);
+        sp[j] = std::min(ps[2 * j], ps[2 * j + 1]);
+      }
+      level_cap.push_back(std::move(cap));
+      level_speed.push_back(std::move(sp));
+    }
+    for (int64_t c = 1, l = 0; c <= opts.max_cp; c *= 2, ++l) {
+      if (c < opts.min_cp) continue;
+      sizes.push_back(c);
+      size_cap.push_back(*std::max_element(level_cap[l].begin(), level_cap[l].end()));
+      size_speed.push_back(*std::max_element(level_speed[l].begin(), level_speed[l].end()));
+    }
+  } else {
+    const auto cap_best = best_window_min(opts.caps);
+    const auto speed_best = best_window_min(opts.speed);
+    for (int64_t c = opts.min_cp; c <= opts.max_cp; ++c) {
+      sizes.push_back(c);
+      size_cap.push_back(cap_best[c]);
+      size_speed.push_back(speed_best[c]);
+    }
+  }
+  cap_max = *std::max_element(opts.caps.begin(), opts.caps.end());
+  speed_min = *std::min_element(opts.speed.begin(), opts.speed.end());
+  speed_sum = std::accumulate(opts.speed.begin(), opts.speed.end(), 0.0);
+  uniform = std::all_of(opts.caps.begin(), opts.caps.end(), [&](int64_t v) { return v == opts.caps[0]; }) &&
+            std::all_of(opts.speed.begin(), opts.speed.end(), [&](double v) { return v == opts.speed[0]; });
+
+  // Smallest feasible size per sequence (index into `sizes`).
+  min_size.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    // A group of c ranks holds at most c * cap_max tokens, so no size below length / cap_max fits.
+    const int64_t floor_c = std::max<int64_t>(1, (L[i] + cap_max - 1) / cap_max);
+    size_t k = opts.pow2 ? 0 : static_cast<size_t>(std::max<int64_t>(0, floor_c - opts.min_cp));
+    while (k < sizes.size() && cp_local_tokens(L[i], sizes[k]) > size_cap[k]) ++k;
+    if (k == sizes.size()) {
+      int64_t need = floor_c;  // the size it needs on uniform caps of cap_max, whatever the world
+      if (opts.pow2) {
+        need = 1;
+        while (cp_local_tokens(L[i], need) > cap_max) need *= 2;
+      } else {
+        while (cp_local_tokens(L[i], need) > cap_max) ++need;
+      }
+      need = std::max(need, opts.min_cp);
+      throw InvalidInput("sequence " + std::to_string(i) + " of length " + std::to_string(L[i]) +
+                         " fits no allowed CP group: it needs a CP size of at least " + std::to_string(need) +
+                         " at max_tokens_per_rank " + std::to_string(cap_max) + " (world_size " +
+                         std::to_string(W) + ", CP sizes " + std::to_string(opts.min_cp) + ".." +
+                         std::to_string(opts.max_cp) + (opts.pow2 ? ", powers of two)" : ")"));
+    }
+    min_size[i] = static_cast<int32_t>(k);
+  }
+}
+
+double Ctx::t(int64_t i, int64_t c) const {
+  if (c == 1) return C[i];
+  return C[i] / static_cast<double>(c) +
+         opts.cp_comm * static_cast<double>(c - 1) / static_cast<double>(c) * static_cast<double>(L[i]);
+}
+
+bool Ctx::fits(int64_t i, size_t k) const { return cp_local_tokens(L[i], sizes[k]) <= size_cap[k]; }
+
+double Ctx::best_pass_time(int64_t i, size_t k) const { return opts.pass_overhead + t(i, sizes[k]) / size_speed[k]; }
+
+// Certified lower bound on the makespan of every plan (derivation: docs/planner.md, "Dynamic context
+// parallelism"). Three facts every plan obeys:
+//  * rank-seconds: a pass of duration D on group g gives each rank r of g speed_r * D >= t-sum + speed_min * O
+//    speed-weighted seconds, and c * t(s, c) = cost(s) + cp_comm * (c - 1) * s grows with c, so each sequence
+//    takes at least c_min * t(s, c_min); the makespan M satisfies M * sum(speed) >= that total plus the
+//    overhead of the rank-passes (each holds <= cap_max tokens and a sequence's shards hold >= s tokens);
+//  * the pass holding sequence i lasts at least O + t(i, c) / (best speed of a size-c group) for its c;
+//  * both at once for one sequence: its c fixes its pass time and its share of the rank-seconds.
+double Ctx::lower_bound() const {
+  if (n == 0) return 0.0;
+  double work = 0.0;
+  long double tokens = 0.0L;
+  for (int64_t i = 0; i < n; ++i) {
+    work += static_cast<double>(sizes[min_size[i]]) * t(i, sizes[min_size[i]]);
+    tokens += static_cast<long double>(L[i]);
+  }
+  const double rank_passes = std::max(1.0L, std::ceil(tokens / static_cast<long double>(cap_max)));
+  const double overhead = opts.pass_overhead * speed_min * rank_passes;
+  double bound = (work + overhead) / speed_sum;
+  // The joint term, for the sequences with the largest costs (any subset gives a valid bound; this keeps it
+  // O(64 * sizes) for the any-size mode on wide worlds).
+  std::vector<int64_t> top(static_cast<size_t>(n));
+  std::iota(top.begin(), top.end(), 0);
+  const size_t k_top = std::min<size_t>(top.size(), 64);
+  std::partial_sort(top.begin(), top.begin() + k_top, top.end(), [&](int64_t a, int64_t b) {
+    return C[a] != C[b] ? C[a] > C[b] : L[a] > L[b];
+  });
+  for (size_t q = 0; q < k_top; ++q) {
+    const int64_t i = top[q];
+    const double own = static_cast<double>(sizes[min_size[i]]) * t(i, sizes[min_size[i]]);
+    double best = std::numeric_limits<double>::infinity();
+    for (size_t k = min_size[i]; k < sizes.size(); ++k) {
+      if (!fits(i, k)) continue;
+      const double share = (work - own + static_cast<double>(sizes[k]) * t(i, sizes[k]) + overhead) / speed_sum;
+      best = std::min(best, std::max(best_pass_time(i, k), share));
+    }
+    bound = std::max(bound, best);
+  }
+  // Every other sequence's pass: its fastest size (scanned for all when the sizes are few).
+  if (sizes.size() <= 32) {
+    for (int64_t i = 0; i < n; ++i) {
+      double best = std::numeric_limits<double>::infinity();
+      for (size_t k = min_size[i]; k < sizes.size(); ++k)
+        if (fits(i, k)) best = std::min(best, best_pass_time(i, k));
+      bound = std::max(bound, best);
+    }
+  }
+  return bound;
+}
+
+// CP size index per sequence for a target pass time: the smallest feasible size whose best pass time is
+// within the target (wider sizes cost more rank-seconds: c * t grows with c), else the fastest size.
+std::vector<int32_t> Ctx::choose_sizes(double target) const {
+  std::vector<int32_t> chosen(min_size);
+  if (!std::isfinite(target)) return chosen;
+  const double k_comm = opts.cp_comm;
+  for (int64_t i = 0; i < n; ++i) {
+    size_t k = min_size[i];
+    if (best_pass_time(i, k) <= target) continue;
+    // t(c) = k*s + (cost - k*s) / c: the smallest c reaching the target at the fastest speed is a floor.
+    const double s = static_cast<double>(L[i]);
+    const double room = (target - opts.pass_overhead) * size_speed[0] - k_comm * s;
+    if (!opts.pow2 && room > 0 && C[i] > k_comm * s) {
+      const double c_floor = std::ceil((C[i] - k_comm * s) / room);
+      if (c_floor > static_cast<double>(sizes[k]))
+        k = static_cast<size_t>(std::min<double>(c_floor - static_cast<double>(opts.min_cp),
+                                                 static_cast<double>(sizes.size() - 1)));
+    }
+    size_t fastest = min_size[i];
+    for (; k < sizes.size(); ++k) {
+      if (!fits(i, k)) continue;
+      if (best_pass_time(i, k) <= target) break;
+      if (best_pass_time(i, k) < best_pass_time(i, fastest)) fastest = k;
+    }
+    chosen[i] = static_cast<int32_t>(k < sizes.size() ? k : fastest);
+  }
+  return chosen;
+}
+
+}  // namespace cp_detail
+
+CpPlan plan_context_parallel(const int64_t* lengths, const double* costs, int64_t n, const CpOptions& opts) {
+  if (opts.world < 1 || static_cast<int64_t>(opts.caps.size()) != opts.world ||
+      static_cast<int64_t>(opts.speed.size()) != opts.world)
+    throw InvalidInput("plan_context_parallel: world, caps and speed disagree");
+  if (opts.min_cp < 1 || opts.max_cp < opts.min_cp || opts.max_cp > opts.world)
+    throw InvalidInput("plan_context_parallel: need 1 <= min_cp <= max_cp <= world");
+  if (n > kMaxItems) throw InvalidInput("plan_context_parallel: at most 2^31 - 1 sequences");
+  cp_detail::Ctx ctx(lengths, costs, n, opts);
+  const double bound = ctx.lower_bound();
+  // Candidate plans: CP sizes widened towards a few target pass times (multiples of the bound), each built
+  // and simulated; the shortest makespan wins. Identical size choices are built once.
+  const double multipliers[] = {1.0, 1.03, 1.1, 1.25, 1.5, 2.0, 3.0, std::numeric_limits<double>::infinity()};
+  CpPlan best;
+  best.makespan = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<int32_t>> tried;
+  int64_t candidates = 0;
+  for (double m : multipliers) {
+    auto chosen = ctx.choose_sizes(bound * m);
+    if (std::find(tried.begin(), tried.end(), chosen) != tried.end()) continue;
+    for (int order = 0; order < 2; ++order) {
+      CpPlan plan = opts.pass_barrier ? cp_detail::build_steps(ctx, chosen, order)
+                                      : cp_detail::build_list(ctx, chosen, order);
+      ++candidates;
+      if (plan.makespan < best.makespan) best = std::move(plan);
+    }
+    tried.push_back(std::move(chosen));
+  }
+  best.lower_bound = bound;
+  best.candidates = candidates;
+  return best;
+}
+
+}  // namespace packkit
