@@ -16,7 +16,7 @@ def _ds(**columns):
     (dict(seed="x"), TypeError, "seed must be None or an int >= 0, got 'x'"),
     (dict(seed=-1), ValueError, "seed must be None or an int >= 0, got -1"),
     (dict(seed=True), TypeError, "seed must be None"),
-    (dict(shuffle=None), TypeError, "shuffle must be True or False, got None"),
+    (dict(shuffle="yes"), TypeError, "shuffle must be True or False, got 'yes'"),
     (dict(position_ids="yes"), TypeError, "position_ids must be True or False"),
     (dict(algorithm="nope"), ValueError, "unknown algorithm 'nope'"),
     (dict(overlong="bogus"), ValueError, "unknown overlong policy 'bogus'"),
@@ -27,10 +27,12 @@ def test_options_are_validated(kwargs, error, match):
         packkit.pack_dataset(_ds(), 10, **kwargs)
 
 
-def test_negative_token_ids_are_refused_with_their_row():
+def test_negative_token_ids_are_warned_about_with_their_row():
+    # trl.pack_dataset packs them (issue 57: takes what TRL takes), so packkit packs them too, with a warning.
     ds = _ds(input_ids=[[1, 2], [3, -4, 5]], labels=[[1, 2], [3, -100, 5]])
-    with pytest.raises(ValueError, match="row 1 holds a negative token id"):
-        packkit.pack_dataset(ds, 10)
+    with pytest.warns(UserWarning, match="row 1 holds a negative token id"):
+        out = packkit.pack_dataset(ds, 10)
+    assert sorted(out[0]["input_ids"]) == [-4, 1, 2, 3, 5]
     # -100 in labels is the ignore index, not an error.
     out = packkit.pack_dataset(_ds(input_ids=[[1, 2], [3, 4, 5]], labels=[[1, 2], [3, -100, 5]]), 10)
     assert out[0]["labels"] == [1, 2, 3, -100, 5] or out[0]["labels"] == [3, -100, 5, 1, 2]
@@ -41,5 +43,5 @@ def test_negative_token_id_in_a_later_chunk(tmp_path):
     parts = [_ds(input_ids=[[1, 2]] * 3), _ds(input_ids=[[1, 2], [5, -1]])]
     ds = datasets.concatenate_datasets(parts)
     assert len(ds.data.column("input_ids").chunks) == 2
-    with pytest.raises(ValueError, match="row 4 holds a negative token id"):
+    with pytest.warns(UserWarning, match="row 4 holds a negative token id"):
         packkit.pack_dataset(ds, 10)

@@ -71,8 +71,9 @@ def test_trl_example_and_format():
                        "attention_mask": [[1, 1, 1, 0], [1, 0], [1, 1, 0, 1]], "seq_lengths": [[4], [2], [3, 1]]}
     assert sorted(ours["input_ids"]) == sorted(theirs["input_ids"])
     split = packkit.pack_dataset(ds, 4, overlong="split", position_ids=True, shuffle=False)
-    assert split["seq_lengths"] == [[4], [2, 1], [1, 3]]
-    assert split["position_ids"] == [[0, 1, 2, 3], [0, 1, 0], [0, 0, 1, 2]]
+    # inside a row the segments are in TRL's order: longest first, then source order (issue 57)
+    assert split["seq_lengths"] == [[4], [2, 1], [3, 1]]
+    assert split["position_ids"] == [[0, 1, 2, 3], [0, 1, 0], [0, 1, 2, 0]]
     assert split.features["position_ids"] == datasets.List(datasets.Value("int64"))
 
 
@@ -85,7 +86,9 @@ def test_global_plan_beats_per_batch_and_matches_planner():
     assert report.rows == len(out) == plan.num_bins
     # Row by row the planner's bins, in a seed-0 random order (issue 47: not the planner's, longest first).
     order = np.random.default_rng(0).permutation(plan.num_bins)
-    assert [list(x) for x in out["seq_lengths"]] == [lengths[plan.bins[k]].tolist() for k in order]
+    # (inside a row, TRL's segment order: longest first)
+    assert [list(x) for x in out["seq_lengths"]] == [sorted(lengths[plan.bins[k]].tolist(), reverse=True)
+                                                     for k in order]
     assert [np.asarray(x).sum() for x in out["seq_lengths"]] == [len(x) for x in out["input_ids"]]
     assert out.features["input_ids"] == datasets.List(datasets.Value("int32"))  # value type kept
     # Per-batch packing (a map over batches of 100 rows, each planned alone) needs more rows: every batch
@@ -185,47 +188,38 @@ def test_bad_seq_length(seq_length, exc, match):
 
 
 def test_bad_inputs():
+    """What neither packkit nor trl.pack_dataset packs (what TRL packs, packkit packs: tests/test_pack_dataset_trl.py)."""
     with pytest.raises(ValueError, match="empty"):
         packkit.pack_dataset(datasets.Dataset.from_dict({"input_ids": []}), 8)
     mismatch = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3, 4, 5], [6]], "labels": [[1, 2], [3, 4], [6]]})
     with pytest.raises(ValueError, match=r"column 'labels', row 1: 2 values but input_ids has 3 tokens"):
         packkit.pack_dataset(mismatch, 8)
-    nested = datasets.Dataset.from_dict({"input_ids": [[1, 2]], "boxes": [[[1, 2], [3]]]})
-    with pytest.raises(TypeError, match="column 'boxes' is nested"):
-        packkit.pack_dataset(nested, 8)
-    floats = datasets.Dataset.from_dict({"input_ids": [[1, 2]], "weights": [[0.5, 1.0]]})
-    with pytest.raises(TypeError, match="column 'weights' holds double, not integers"):
-        packkit.pack_dataset(floats, 8)
-    strings = datasets.Dataset.from_dict({"input_ids": [["a", "b"]]})
-    with pytest.raises(TypeError, match="column 'input_ids' holds string"):
-        packkit.pack_dataset(strings, 8)
-    with pytest.raises(ValueError, match="must have an 'input_ids' column"):
-        packkit.pack_dataset(datasets.Dataset.from_dict({"ids": [[1]]}), 8)
+    text = datasets.Dataset.from_dict({"input_ids": [[1, 2]], "text": ["a b"]})
+    with pytest.raises(TypeError, match="column 'text' is not per-token"):  # a TypeError, as TRL's
+        packkit.pack_dataset(text, 8)
     with pytest.raises(ValueError, match=r"columns \['nope'\] are not in the dataset"):
         packkit.pack_dataset(source([2]), 8, columns=["input_ids", "nope"])
     packed = packkit.pack_dataset(source([2, 3]), 8)
     with pytest.raises(ValueError, match="'seq_lengths' is reserved"):
         packkit.pack_dataset(packed, 8)
-    nulls = datasets.Dataset(pa.table({"input_ids": pa.array([[1], None, [2]], type=pa.list_(pa.int64()))}))
-    with pytest.raises(ValueError, match="row 1 is null"):
-        packkit.pack_dataset(nulls, 8)
-    null_values = datasets.Dataset(pa.table({"input_ids": pa.array([[1, None]], type=pa.list_(pa.int64()))}))
-    with pytest.raises(ValueError, match="null values"):
-        packkit.pack_dataset(null_values, 8)
-    with pytest.raises(TypeError, match="datasets.Dataset or a ray.data.Dataset, got list"):
+    with pytest.raises(TypeError, match="datasets.Dataset, IterableDataset, DatasetDict or a ray.data.Dataset, got list"):
         packkit.pack_dataset([[1, 2]], 8)
-    with pytest.raises(TypeError, match="DatasetDict"):
-        packkit.pack_dataset(datasets.DatasetDict({"train": source([2])}), 8)
-    with pytest.raises(TypeError, match="PackedIterableDataset"):
-        packkit.pack_dataset(source([2]).to_iterable_dataset(), 8)
+    with pytest.raises(ValueError, match="Invalid packing strategy 'wrap'"):
+        packkit.pack_dataset(source([2]), 8, "wrap")
+    with pytest.raises(ValueError, match="strategy='bfd' means overlong='truncate', not 'split'"):
+        packkit.pack_dataset(source([2]), 8, "bfd", overlong="split")
+    with pytest.raises(TypeError, match="map_kwargs has arguments Dataset.map does not take"):
+        packkit.pack_dataset(source([2]), 8, map_kwargs={"bogus": 1})
     with pytest.raises(TypeError, match="unexpected options"):
         packkit.pack_dataset(source([2]), 8, num_blocks=2)
 
 
-def test_overlong_error_is_default_and_nothing_is_returned():
+def test_overlong_error_raises_and_nothing_is_returned():
+    """overlong="error" refuses over-long rows; the default is TRL's "bfd" (truncate; issue 57)."""
     ds = source([3, 9, 2, 12])
     with pytest.raises(ValueError, match="longer than"):
-        packkit.pack_dataset(ds, 8)
+        packkit.pack_dataset(ds, 8, overlong="error")
+    assert read_report(packkit.pack_dataset(ds, 8))["truncated"] == 2
     with pytest.raises(ValueError, match="unknown overlong policy"):
         packkit.pack_dataset(ds, 8, overlong="wrap")
     out, report = packkit.pack_dataset(ds, 8, overlong="truncate", return_report=True)

@@ -22,80 +22,232 @@ from .global_plan import (PackReport, check_options, extra_cost_column, extra_co
                           report_from_plan)
 
 
-def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, overlong: str = "error",
+STRATEGIES = {"bfd": "truncate", "bfd_split": "split", "wrapped": None}
+# Dataset.map's keyword arguments, which trl.pack_dataset's map_kwargs passes on: the ones packkit reads
+# (batch_size, keep_in_memory, cache_file_name) and the ones that change nothing here (packkit plans the whole
+# dataset in one process, writes one file and never reads a cache back).
+MAP_KWARGS_USED = ("batch_size", "keep_in_memory", "cache_file_name")
+MAP_KWARGS_IGNORED = ("num_proc", "desc", "load_from_cache_file", "writer_batch_size", "disable_nullable",
+                      "new_fingerprint", "suffix_template", "drop_last_batch", "features", "fn_kwargs",
+                      "input_columns", "remove_columns", "with_indices", "with_rank", "batched", "try_original_type")
+# Rows per buffer of an IterableDataset (planned alone, in memory): trl.pack_dataset's map batch is 1,000 rows.
+DEFAULT_BUFFER_ROWS = 10_000
+
+
+def pack_dataset(dataset, seq_length: int, strategy: Optional[str] = None, map_kwargs: Optional[dict] = None, *,
+                 algorithm: Optional[str] = None, overlong: Optional[str] = None,
                  columns: Optional[Sequence[str]] = None, dp_size: int = 1, cost: CostSpec = "tokens",
-                 shuffle: bool = True, seed: Optional[int] = 0, position_ids: bool = False,
-                 return_report: bool = False, keep_in_memory: Optional[bool] = None, cache_file_name: Optional[str] = None,
-                 extra_cost=None, **options):
+                 shuffle: Optional[bool] = None, seed: Optional[int] = 0, position_ids: bool = False,
+                 return_report: bool = False, keep_in_memory: Optional[bool] = None, cache_file_name=None,
+                 extra_cost=None, buffer_size: Optional[int] = None, **options):
     """Pack a whole tokenized dataset into rows of ``seq_length`` tokens with one global plan.
 
+    A drop-in for ``trl.pack_dataset(dataset, seq_length, strategy="bfd", map_kwargs=None)``: it takes what TRL
+    takes (a ``Dataset``, ``IterableDataset``, ``DatasetDict`` or ``IterableDatasetDict``; every list column, of
+    any name and value type) and returns what TRL returns (the same type, columns in the input's order plus
+    ``seq_lengths``, value types kept, the input's format restored). Only the row order differs (and, with more
+    than one map batch of rows, which documents share a row: packkit plans all of them at once). See docs/trl.md.
+
     Args:
-        dataset: a ``datasets.Dataset`` (or a ``ray.data.Dataset``, packed on the Ray cluster; see
-            :func:`packkit.ray_data.pack_ray_dataset` for its ``options``).
+        dataset: a ``datasets.Dataset`` / ``DatasetDict`` (each split packed alone), an ``IterableDataset`` /
+            ``IterableDatasetDict`` (streamed: each buffer of ``buffer_size`` rows is planned alone, so memory is
+            bounded by one buffer; an ``IterableDataset`` comes back), or a ``ray.data.Dataset`` (packed on the
+            Ray cluster; see :func:`packkit.ray_data.pack_ray_dataset` for its ``options``).
         seq_length: tokens per packed row (> 0).
+        strategy: TRL's: ``"bfd"`` (the default: over-long rows truncated to ``seq_length``), ``"bfd_split"``
+            (split into consecutive pieces, each its own segment) or ``"wrapped"`` (every row's tokens one after
+            another, cut every ``seq_length`` tokens within each map batch of ``map_kwargs["batch_size"]`` rows
+            (1,000), as TRL does; no ``seq_lengths``). ``None``: ``"bfd"``, or the policy ``overlong`` names.
+        map_kwargs: TRL's ``Dataset.map`` arguments. ``batch_size`` sets the ``"wrapped"`` batch and an
+            ``IterableDataset``'s buffer; ``keep_in_memory`` / ``cache_file_name`` as below; the rest of
+            ``Dataset.map``'s (``num_proc``, ``desc``, ...) change nothing here.
         algorithm: planner algorithm (default ``"obfd"``; ``"ogbfd"`` when ``dp_size > 1``).
-        overlong: rows longer than ``seq_length``: ``"error"`` (default, raises before any output),
-            ``"drop"``, ``"truncate"`` (keep the first ``seq_length`` tokens of every column) or
-            ``"split"`` (consecutive pieces, each its own segment). All are reported.
-        columns: the columns to pack (default: all). Each must be a list of integers (or booleans) per
-            row with input_ids' lengths; a column that is not raises — exclude it here. Columns left
-            out are not in the output (listed in the report's ``excluded_columns``).
+        overlong: rows longer than ``seq_length``: ``"truncate"`` (keep the first ``seq_length`` tokens of every
+            column; ``strategy="bfd"``), ``"split"`` (``"bfd_split"``), ``"drop"`` or ``"error"`` (raises before
+            any output). Default: the strategy's. All are reported.
+        columns: the columns to pack (default: all, as TRL). Each must be a list per row (any value type: ints,
+            floats, bools, strings, nested lists) with the first column's lengths; a column that is not raises
+            (a TypeError, as in TRL) — exclude it here. Columns left out are not in the output (listed in the
+            report's ``excluded_columns``). ``input_ids`` need not exist; a negative id in it is warned about.
         dp_size, cost: rows are ordered so that consecutive groups of ``dp_size`` rows are steps balanced
             under ``cost`` (``"tokens"``, ``"attention"``, ``(a, b)`` or a callable; see ``packkit.plan``),
             for trainers that deal rows round-robin to ranks in order.
-        shuffle, seed: the rows (whole steps with ``dp_size > 1``) in a ``seed``-ed random order (default; ``seed``
-            ``None`` is 0). ``shuffle=False``: in the dataset order of each row's (step's) longest sequence. Never
-            the planner's order, which runs from the longest sequences to the shortest (a length curriculum).
-        position_ids: also write ``position_ids`` (list<int64>, restarting at 0 in every segment).
+        shuffle, seed: the rows (whole steps with ``dp_size > 1``) in a ``seed``-ed random order (the default for
+            ``"bfd"`` / ``"bfd_split"``; ``seed`` ``None`` is 0). ``shuffle=False`` (the default for
+            ``"wrapped"``, whose rows are then exactly TRL's, in TRL's order): in the dataset order of each row's
+            (step's) longest sequence, deterministic. Never the planner's order, which runs from the longest
+            sequences to the shortest (a length curriculum).
+        position_ids: also write ``position_ids`` (list<int64>, restarting at 0 in every segment). Without it an
+            input ``position_ids`` list column is packed like any other (as TRL does).
         extra_cost: a per-row cost added to each row's ``cost`` in the data-parallel balance (``packkit.plan``'s):
             one finite value >= 0 per dataset row, in dataset order (an array, list or tensor), or the name of a
             numeric column holding it, e.g. the vision tower's FLOPs of each row's images
             (:func:`packkit.vision_cost`). The column is read, not packed. ``None``: the plan of ``cost`` alone.
-        return_report: return ``(dataset, PackReport)`` instead of the dataset.
+        return_report: return ``(dataset, PackReport)`` instead of the dataset (a dict of reports by split for a
+            ``DatasetDict``; not for a streamed dataset).
         keep_in_memory, cache_file_name: where the packed rows go, as in ``Dataset.map``. By default a
             dataset backed by Arrow files on disk (``load_from_disk``, ``load_dataset``) is packed into a new
             cache file beside them (``cache-packkit-<fingerprint>.arrow``; a temporary directory when
             ``datasets`` caching is disabled), written batch by batch and memory-mapped, so the packed copy
             never has to fit in RAM; an in-memory dataset is packed in memory. ``keep_in_memory=True`` keeps
-            the output in memory; ``cache_file_name`` names the file. The file is written afresh on every
-            call (to a temporary name, then renamed): it is never read back as a cache.
+            the output in memory; ``cache_file_name`` names the file (a dict by split for a ``DatasetDict``).
+            The file is written afresh on every call (to a temporary name, then renamed): never read back.
+        buffer_size: rows per buffer of a streamed dataset (default ``map_kwargs["batch_size"]``, else 10,000).
 
     The report's summary (counts) is always in the output's ``info.description`` as JSON, after the
     prefix ``"packkit.pack_dataset: "``. Zero-length rows hold no tokens and are in no output row
     (counted in ``zero_length``).
     """
-    shuffle, seed, position_ids = check_options(algorithm, overlong, cost, shuffle, seed, position_ids)
-    if not isinstance(return_report, (bool, np.bool_)):  # 0 / "no" picked the return type silently
-        raise TypeError(f"return_report must be True or False, got {return_report!r}")
+    wrapped, overlong, batch_size = _resolve_strategy(strategy, overlong, map_kwargs)
+    if map_kwargs:
+        keep_in_memory, cache_file_name = _map_kwargs_paths(map_kwargs, keep_in_memory, cache_file_name)
+    if shuffle is None:
+        shuffle = not wrapped
     if type(dataset).__module__.startswith("ray.data"):
         from .ray_data import pack_ray_dataset
 
+        if wrapped:
+            raise ValueError('strategy="wrapped" is for a datasets dataset; a ray.data.Dataset packs with "bfd" or '
+                             '"bfd_split"')
         if keep_in_memory is not None or cache_file_name is not None:
             raise TypeError("keep_in_memory and cache_file_name are for a datasets.Dataset; a ray.data.Dataset is "
                             "packed into Ray blocks (write them out with the Ray Dataset's write_* methods)")
-
-        return pack_ray_dataset(dataset, seq_length, algorithm=algorithm, overlong=overlong, columns=columns,
-                                dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed, position_ids=position_ids,
-                                return_report=return_report, extra_cost=extra_cost, **options)
+        shuffle, seed, position_ids = check_options(algorithm, overlong or "error", cost, shuffle, seed, position_ids)
+        return pack_ray_dataset(dataset, seq_length, algorithm=algorithm, overlong=overlong or "error",
+                                columns=columns, dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed,
+                                position_ids=position_ids, return_report=return_report, extra_cost=extra_cost,
+                                **options)
+    shuffle, seed, position_ids = check_options(algorithm, overlong or "error", cost, shuffle, seed, position_ids)
+    if not isinstance(return_report, (bool, np.bool_)):  # 0 / "no" picked the return type silently
+        raise TypeError(f"return_report must be True or False, got {return_report!r}")
     if options:
         raise TypeError(f"unexpected options {sorted(options)} for a datasets.Dataset")
     try:
         import datasets
     except ImportError:
         raise ImportError("pack_dataset needs the datasets library: pip install datasets") from None
-    from .arrow_packing import (check_row_lengths, iter_packed_batches, pack_table, packed_schema, select_columns,
-                                token_column)
-
-    if isinstance(dataset, datasets.DatasetDict):
-        raise TypeError("pack_dataset takes one datasets.Dataset; pack each split of a DatasetDict separately")
-    if not isinstance(dataset, datasets.Dataset):
-        raise TypeError(f"pack_dataset takes a datasets.Dataset or a ray.data.Dataset, got {type(dataset).__name__}"
-                        + ("; for streaming datasets use packkit.PackedIterableDataset"
-                           if isinstance(dataset, datasets.IterableDataset) else ""))
     seq_length = _as_count(seq_length, "seq_length")
     dp_size = _as_count(dp_size, "dp_size")
+    if wrapped and (algorithm is not None or dp_size != 1 or extra_cost is not None or position_ids):
+        raise ValueError('strategy="wrapped" cuts the token stream every seq_length tokens: it takes no algorithm, '
+                         'dp_size, extra_cost or position_ids')
     if keep_in_memory is not None and not isinstance(keep_in_memory, bool):
         raise TypeError(f"keep_in_memory must be None, True or False, got {keep_in_memory!r}")
+    if buffer_size is not None:
+        buffer_size = _as_count(buffer_size, "buffer_size")
+    else:
+        buffer_size = (map_kwargs or {}).get("batch_size") or DEFAULT_BUFFER_ROWS
+        buffer_size = buffer_size if buffer_size > 0 else DEFAULT_BUFFER_ROWS
+    kwargs = dict(seq_length=seq_length, wrapped=wrapped, batch_size=batch_size, algorithm=algorithm,
+                  overlong=overlong, columns=columns, dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed,
+                  position_ids=position_ids, extra_cost=extra_cost)
+    if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        if cache_file_name is not None and not isinstance(cache_file_name, dict):
+            raise TypeError("cache_file_name for a DatasetDict is a dict of paths by split")
+        streamed = isinstance(dataset, datasets.IterableDatasetDict)
+        if streamed and return_report:
+            raise TypeError("return_report is not available for a streamed dataset (it is packed as it is read)")
+        out, reports = {}, {}
+        for split, part in dataset.items():
+            if streamed:
+                out[split] = _pack_iterable(datasets, part, buffer_size=buffer_size, **kwargs)
+            else:
+                out[split], reports[split] = _pack_one(datasets, part, keep_in_memory=keep_in_memory,
+                                                       cache_file_name=(cache_file_name or {}).get(split), **kwargs)
+        result = type(dataset)(out)
+        return (result, reports) if return_report else result
+    if isinstance(dataset, datasets.IterableDataset):
+        if return_report:
+            raise TypeError("return_report is not available for a streamed dataset (it is packed as it is read)")
+        if keep_in_memory is not None or cache_file_name is not None:
+            raise TypeError("keep_in_memory and cache_file_name are for a datasets.Dataset; a streamed dataset is "
+                            "packed as it is read")
+        return _pack_iterable(datasets, dataset, buffer_size=buffer_size, **kwargs)
+    if not isinstance(dataset, datasets.Dataset):
+        raise TypeError(f"pack_dataset takes a datasets.Dataset, IterableDataset, DatasetDict or a ray.data.Dataset, "
+                        f"got {type(dataset).__name__}")
+    result, report = _pack_one(datasets, dataset, keep_in_memory=keep_in_memory, cache_file_name=cache_file_name,
+                               **kwargs)
+    return (result, report) if return_report else result
+
+
+def _resolve_strategy(strategy, overlong, map_kwargs):
+    """(wrapped, overlong policy or None for wrapped, the map batch size) from TRL's and packkit's options."""
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValueError(f"Invalid packing strategy '{strategy}', must be one of {tuple(STRATEGIES)}.")
+    if map_kwargs is not None and not isinstance(map_kwargs, dict):
+        raise TypeError(f"map_kwargs must be a dict of Dataset.map arguments, got {type(map_kwargs).__name__}")
+    unknown = sorted(set(map_kwargs or {}) - set(MAP_KWARGS_USED) - set(MAP_KWARGS_IGNORED))
+    if unknown:
+        raise TypeError(f"map_kwargs has arguments Dataset.map does not take: {unknown}")
+    batch_size = (map_kwargs or {}).get("batch_size", 1000)
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))):
+        raise TypeError(f"map_kwargs['batch_size'] must be an int or None, got {batch_size!r}")
+    if batch_size is not None and batch_size <= 0:
+        batch_size = None  # Dataset.map: the whole dataset is one batch
+    if strategy == "wrapped":
+        if overlong is not None:
+            raise ValueError('strategy="wrapped" cuts rows anywhere: it takes no overlong policy')
+        return True, None, batch_size
+    implied = STRATEGIES[strategy or "bfd"]
+    if overlong is None:
+        overlong = implied
+    elif strategy is not None and overlong != implied:
+        raise ValueError(f"strategy={strategy!r} means overlong={implied!r}, not {overlong!r}; pass one of them")
+    return False, overlong, batch_size
+
+
+def _map_kwargs_paths(map_kwargs, keep_in_memory, cache_file_name):
+    if "keep_in_memory" in map_kwargs:
+        if keep_in_memory is not None and keep_in_memory != map_kwargs["keep_in_memory"]:
+            raise ValueError("keep_in_memory is given twice (argument and map_kwargs) with different values")
+        keep_in_memory = map_kwargs["keep_in_memory"]
+    if map_kwargs.get("cache_file_name") is not None:
+        if cache_file_name is not None and cache_file_name != map_kwargs["cache_file_name"]:
+            raise ValueError("cache_file_name is given twice (argument and map_kwargs) with different values")
+        cache_file_name = map_kwargs["cache_file_name"]
+    return keep_in_memory, cache_file_name
+
+
+def pack_column_names(names: Sequence[str], columns: Optional[Sequence[str]], *, wrapped: bool,
+                      position_ids: bool) -> list[str]:
+    """The columns to pack, in the dataset's order (TRL keeps it): all of ``names`` or those of ``columns``."""
+    names = list(names)
+    if columns is None:
+        chosen = names
+    else:
+        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+            raise TypeError(f"columns must be a list of column names, got {columns!r}")
+        unknown = [c for c in dict.fromkeys(columns) if c not in names]
+        if unknown:
+            raise ValueError(f"columns {unknown} are not in the dataset; its columns are {names}")
+        chosen = [c for c in names if c in set(columns)]
+    if not chosen:
+        raise ValueError(f"there is no column to pack (columns: {names})")
+    reserved = ([] if wrapped else ["seq_lengths"]) + (["position_ids"] if position_ids else [])
+    for name in reserved:
+        if name in chosen:
+            raise ValueError(f"input column {name!r} is reserved: pack_dataset writes it (is the dataset already "
+                             f"packed?); leave it out with columns=[...]")
+    return chosen
+
+
+def _restored_format(fmt: dict, present: Sequence[str], added: Sequence[str]) -> dict:
+    """``with_format`` arguments restoring the input's format on the output, as ``trl.pack_dataset`` does (its
+    columns plus the ones packing adds), less any column that is not in the output."""
+    fmt = dict(fmt)
+    kwargs = fmt.pop("format_kwargs", None) or {}
+    if fmt.get("columns") is not None:
+        fmt["columns"] = [c for c in fmt["columns"] if c in present] + [c for c in added if c not in fmt["columns"]]
+    fmt.update(kwargs)
+    return fmt
+
+
+def _pack_one(datasets, dataset, *, seq_length, wrapped, batch_size, algorithm, overlong, columns, dp_size, cost,
+              shuffle, seed, position_ids, extra_cost, keep_in_memory, cache_file_name):
+    """One ``datasets.Dataset``: (packed dataset in the input's format, PackReport)."""
+    from .arrow_packing import check_row_lengths, iter_packed_batches, pack_table, packed_schema, token_column
+
     if cache_file_name is not None and not isinstance(cache_file_name, (str, os.PathLike)):
         raise TypeError(f"cache_file_name must be a path, got {type(cache_file_name).__name__}")
     if keep_in_memory and cache_file_name is not None:
@@ -106,38 +258,171 @@ def pack_dataset(dataset, seq_length: int, *, algorithm: Optional[str] = None, o
     if cost_column is not None:
         extra_cost = extra_cost_values(dataset.select_columns([cost_column]).with_format("arrow")[:].column(0),
                                        cost_column)
-    chosen = select_columns([c for c in dataset.column_names if c != cost_column], columns)
+    chosen = pack_column_names([c for c in dataset.column_names if c != cost_column], columns, wrapped=wrapped,
+                               position_ids=position_ids)
     excluded = [c for c in dataset.column_names if c not in chosen]
-    table = dataset.select_columns(chosen).with_format("arrow")[:]  # a zero-copy slice unless rows were selected
-    cols = [token_column(name, table.column(name)) for name in chosen]
-    lengths = check_row_lengths(cols)
+    source = dataset if not excluded else dataset.select_columns(chosen)
+    table = source.with_format("arrow")[:]  # a zero-copy slice unless rows were selected
+    cols = [token_column(name, table.column(name), generic=True) for name in chosen]
+    lead = chosen.index("input_ids") if "input_ids" in chosen else 0
+    lengths = check_row_lengths(cols, lead=lead, negative="warn")
     extra = as_extra_cost(extra_cost, len(lengths))
 
-    p, segments, empty_removed = plan_rows(lengths, seq_length, algorithm=algorithm, overlong=overlong,
-                                           dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed, extra_cost=extra)
-    schema = packed_schema(cols, position_ids=position_ids)
-    report = report_from_plan(p, lengths=lengths, seq_length=seq_length, columns=chosen, excluded=excluded,
-                              empty_removed=empty_removed, rows=len(segments.bin_offsets) - 1)
-    del p  # the plan's arrays beyond `segments` are not needed while packing
+    if wrapped:
+        segments, report = wrapped_segments(lengths, seq_length, batch_size, shuffle=shuffle, seed=seed)
+        report.columns, report.excluded_columns = list(chosen), excluded
+    else:
+        p, segments, empty_removed = plan_rows(lengths, seq_length, algorithm=algorithm, overlong=overlong,
+                                               dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed,
+                                               extra_cost=extra)
+        report = report_from_plan(p, lengths=lengths, seq_length=seq_length, columns=chosen, excluded=excluded,
+                                  empty_removed=empty_removed, rows=len(segments.bin_offsets) - 1)
+        segments = trl_row_order(segments)
+        del p  # the plan's arrays beyond `segments` are not needed while packing
+    pack_args = dict(position_ids=position_ids, seq_lengths=not wrapped)
+    schema = packed_schema(cols, **pack_args)
     info = datasets.DatasetInfo(description="packkit.pack_dataset: " + json.dumps(report.summary()),
                                 features=datasets.Features.from_arrow_schema(schema))
     # An explicit fingerprint: otherwise datasets hashes every token of the new table (seconds per GB).
-    params = [dataset._fingerprint, seq_length, algorithm, overlong, chosen, dp_size,
-              cost if isinstance(cost, (str, tuple, list)) else repr(cost), shuffle, seed, position_ids,
+    params = [dataset._fingerprint, seq_length, "wrapped" if wrapped else "bfd", batch_size if wrapped else None,
+              algorithm, overlong, chosen, dp_size, cost if isinstance(cost, (str, tuple, list)) else repr(cost),
+              shuffle, seed, position_ids,
               None if extra is None else hashlib.blake2b(extra.tobytes(), digest_size=16).hexdigest()]
     fingerprint = datasets.fingerprint.Hasher.hash(["packkit.pack_dataset", *params])
     if cache_file_name is None and not keep_in_memory and dataset.cache_files:
         cache_file_name = _cache_file_path(datasets, dataset, fingerprint)
     if cache_file_name is None:
-        out = pack_table(cols, segments, position_ids=position_ids)
+        out = pack_table(cols, segments, **pack_args)
     else:
         out = write_arrow_file(os.fspath(cache_file_name), schema,
-                               iter_packed_batches(cols, segments, position_ids=position_ids,
-                                                   max_chunk_tokens=DISK_CHUNK_TOKENS))
+                               iter_packed_batches(cols, segments, max_chunk_tokens=DISK_CHUNK_TOKENS, **pack_args))
     result = datasets.Dataset(out, info=info, fingerprint=fingerprint)
-    if dataset.format["type"] is not None:
-        result = result.with_format(dataset.format["type"])
-    return (result, report) if return_report else result
+    added = [n for n in schema.names if n not in chosen]
+    return result.with_format(**_restored_format(dataset.format, schema.names, added)), report
+
+
+def trl_row_order(segments):
+    """Each row's segments in ``trl.pack_dataset``'s order: longest first, equal lengths in source order (row, then
+    piece), as its best-fit-decreasing pass adds them. The rows stay where they are."""
+    from ..planning.planner import Segments
+
+    seq, start, length, offsets = segments
+    counts = np.diff(offsets)
+    if len(seq) < 2 or int(counts.max(initial=0)) < 2:
+        return segments
+    row = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    order = np.lexsort((start, seq, -np.asarray(length, np.int64), row))
+    if (order == np.arange(len(order))).all():
+        return segments
+    return Segments(seq[order], start[order], length[order], offsets)
+
+
+def wrapped_segments(lengths: np.ndarray, seq_length: int, batch_size: Optional[int], *, shuffle: bool, seed: int):
+    """TRL's ``"wrapped"`` rows as segments: within each batch of ``batch_size`` rows (``None``: one batch) the
+    rows' tokens one after another, cut every ``seq_length`` tokens; the rows in that order (``shuffle``: a
+    ``seed``-ed permutation). Returns (segments, PackReport)."""
+    from ..planning.planner import Segments
+
+    lengths = np.asarray(lengths, np.int64)
+    n = len(lengths)
+    cum = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=cum[1:])
+    starts = np.arange(0, n, batch_size or max(n, 1), dtype=np.int64)
+    batch_lo = cum[starts]
+    batch_tokens = cum[np.minimum(starts + (batch_size or max(n, 1)), n)] - batch_lo
+    per_batch = -(-batch_tokens // seq_length)  # rows cut from each batch
+    first_row = np.zeros(len(per_batch) + 1, np.int64)
+    np.cumsum(per_batch, out=first_row[1:])
+    cuts = np.repeat(batch_lo, per_batch) + (np.arange(int(first_row[-1]), dtype=np.int64)
+                                             - np.repeat(first_row[:-1], per_batch)) * seq_length
+    bounds = np.union1d(cum, cuts)  # every place a segment starts or ends, sorted
+    begin = bounds[:-1]
+    seg_seq = np.searchsorted(cum, begin, side="right") - 1  # the last row starting at or before: never empty
+    seg_start = begin - cum[seg_seq]
+    seg_length = np.diff(bounds)
+    seg_row = np.searchsorted(cuts, begin, side="right") - 1
+    counts = np.bincount(seg_row, minlength=len(cuts)) if len(cuts) else np.zeros(0, np.int64)
+    offsets = np.zeros(len(cuts) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    segments = Segments(seg_seq, seg_start, seg_length, offsets)
+    if shuffle and len(cuts) > 1:
+        order = np.random.default_rng(seed).permutation(len(cuts))
+        new_counts = counts[order]
+        new_offsets = np.zeros(len(cuts) + 1, np.int64)
+        np.cumsum(new_counts, out=new_offsets[1:])
+        take = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(offsets[order] - new_offsets[:-1],
+                                                                           new_counts)
+        segments = Segments(seg_seq[take], seg_start[take], seg_length[take], new_offsets)
+    pieces = np.bincount(seg_seq, minlength=n) if len(seg_seq) else np.zeros(n, np.int64)
+    tokens = int(cum[-1])
+    report = PackReport(sequences=n, rows=len(cuts), tokens=tokens, seq_length=seq_length, algorithm="wrapped",
+                        overlong="split", lower_bound=-(-tokens // seq_length),
+                        efficiency=tokens / (len(cuts) * seq_length) if len(cuts) else 1.0, columns=[],
+                        excluded_columns=[], split=np.flatnonzero(pieces > 1).astype(np.int64),
+                        zero_length=np.flatnonzero(lengths == 0).astype(np.int64))
+    return segments, report
+
+
+class _BufferPacker:
+    """The function an ``IterableDataset.map(batched=True, with_indices=True)`` calls on each buffer (a pyarrow
+    Table): plans the buffer alone and returns its packed rows. A picklable object, so streamed datasets can
+    run in DataLoader workers."""
+
+    def __init__(self, *, chosen, seq_length, wrapped, algorithm, overlong, dp_size, cost, shuffle, seed,
+                 position_ids, extra_cost, buffer_size):
+        self.__dict__.update(chosen=chosen, seq_length=seq_length, wrapped=wrapped, algorithm=algorithm,
+                             overlong=overlong, dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed,
+                             position_ids=position_ids, extra_cost=extra_cost, buffer_size=buffer_size)
+
+    def __call__(self, table, indices):
+        from .arrow_packing import check_row_lengths, pack_table, token_column
+
+        chosen = self.chosen if self.chosen is not None else pack_column_names(
+            [c for c in table.column_names if c != self.extra_cost], None, wrapped=self.wrapped,
+            position_ids=self.position_ids)
+        first = int(indices[0]) if len(indices) else 0
+        buffer = first // self.buffer_size
+        seed = int(np.random.SeedSequence([self.seed, buffer]).generate_state(1)[0])  # one seed per buffer
+        cols = [token_column(name, table.column(name), row_offset=first, generic=True) for name in chosen]
+        lead = chosen.index("input_ids") if "input_ids" in chosen else 0
+        lengths = check_row_lengths(cols, row_offset=first, lead=lead, negative="warn")
+        if self.wrapped:
+            segments, _ = wrapped_segments(lengths, self.seq_length, None, shuffle=self.shuffle, seed=seed)
+        else:
+            extra = None
+            if self.extra_cost is not None:
+                extra = as_extra_cost(extra_cost_values(table.column(self.extra_cost), self.extra_cost), len(lengths))
+            _, segments, _ = plan_rows(lengths, self.seq_length, algorithm=self.algorithm, overlong=self.overlong,
+                                       dp_size=self.dp_size, cost=self.cost, shuffle=self.shuffle, seed=seed,
+                                       extra_cost=extra)
+            segments = trl_row_order(segments)
+        return pack_table(cols, segments, position_ids=self.position_ids, seq_lengths=not self.wrapped)
+
+
+def _pack_iterable(datasets, dataset, *, seq_length, wrapped, batch_size, algorithm, overlong, columns, dp_size,
+                   cost, shuffle, seed, position_ids, extra_cost, buffer_size):
+    """An ``IterableDataset`` packed buffer by buffer, lazily; returns an ``IterableDataset`` in its format."""
+    if extra_cost is not None and not isinstance(extra_cost, str):
+        raise TypeError("extra_cost for a streamed dataset is the name of a column (there is no row count to match "
+                        "an array against)")
+    names = dataset.column_names  # None when the stream's features are unknown
+    chosen = None
+    if names is not None:
+        if isinstance(extra_cost, str):
+            extra_cost_column(extra_cost, names)
+        chosen = pack_column_names([c for c in names if c != extra_cost], columns, wrapped=wrapped,
+                                   position_ids=position_ids)
+    elif columns is not None:
+        raise ValueError("columns=[...] needs a stream with known features (its column_names are None)")
+    packer = _BufferPacker(chosen=chosen, seq_length=seq_length, wrapped=wrapped, algorithm=algorithm,
+                           overlong=overlong, dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed,
+                           position_ids=position_ids, extra_cost=extra_cost, buffer_size=buffer_size)
+    formatting = dataset._formatting
+    fmt_type = formatting.format_type if formatting is not None else None
+    source = dataset.with_format("arrow")
+    out = source.map(packer, batched=True, batch_size=buffer_size, with_indices=True,
+                     remove_columns=names if names is not None and chosen != names else None)
+    return out.with_format(fmt_type)
 
 
 # Tokens per record batch written to a cache file: the output held in memory at once (16 MiB of int32 ids).
