@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <queue>
+#include <stdexcept>
 
 #include "context_parallel_internal.hpp"
 
@@ -171,6 +172,7 @@ CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
         consider(s, free[qmax.front()], caps[qcap.front()], speed[qspeed.front()]);
       }
     }
+    if (best_s < 0) throw std::logic_error("plan_context_parallel: no group holds a feasible sequence");
     const int64_t p = best_join ? last[best_s] : ps.open(best_s, c, best_cap, best_speed, best_begin);
     ps.add(p, i, tok, ti);
     occupy(p, ps.begin[p] + ps.duration(p));
@@ -197,6 +199,7 @@ CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
       const double fin = free[r] + (can_join(last[r], r, 1, tok) ? 0.0 : O) + ti / speed[r];
       if (fin < best_fin) best_fin = fin, best_q = static_cast<int>(q);
     }
+    if (best_q < 0) throw std::logic_error("plan_context_parallel: no rank holds a feasible sequence");
     const int64_t r = heaps[best_q].top().second;
     heaps[best_q].pop();
     const int64_t p = can_join(last[r], r, 1, tok) ? last[r] : ps.open(r, 1, caps[r], speed[r], free[r]);
@@ -215,7 +218,8 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
   Passes ps(x.n, O);
   std::vector<int64_t> all(static_cast<size_t>(x.n));
   for (int64_t i = 0; i < x.n; ++i) all[i] = i;
-  std::vector<int64_t> remaining = sorted_items(x, chosen, std::move(all), order == 0 ? 1 : 0), deferred;
+  const bool fill_to_cap = (order & 2) != 0;
+  std::vector<int64_t> remaining = sorted_items(x, chosen, std::move(all), (order & 1) ? 0 : 1), deferred;
   std::vector<int64_t> owner(static_cast<size_t>(W));
   std::vector<std::vector<int64_t>> level_used;  // pow2: ranks taken in each aligned block this step
   if (x.opts.pow2)
@@ -276,17 +280,28 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
       }
       return -1;
     };
-    for (int64_t i : remaining) {
+    int64_t free_ranks = W, misses = 0;
+    for (size_t q = 0; q < remaining.size(); ++q) {
+      // A step with no free rank left that keeps refusing sequences is full: the rest waits (keeps the
+      // builder near O(n) per step count instead of O(n) per step).
+      if (free_ranks == 0 && misses > 256) {
+        deferred.insert(deferred.end(), remaining.begin() + q, remaining.end());
+        break;
+      }
+      const int64_t i = remaining[q];
       const size_t k = static_cast<size_t>(chosen[i]);
       const int64_t c = x.sizes[k], tok = cp_local_tokens(x.L[i], c);
       const double ti = x.t(i, c);
       // Join the least loaded pass of this size if it stays within the step and its cap.
       if (!open[k].empty()) {
         const int64_t p = open[k].top().second;
-        if (ps.tokens[p] + tok <= ps.cap[p] && O + (ps.work[p] + ti) / ps.speed[p] <= limit) {
+        // Within the step's length (its first pass); with fill_to_cap single ranks fill up to their cap
+        // instead (fewer, longer steps: better where a step is at least one full pass long anyway).
+        if (ps.tokens[p] + tok <= ps.cap[p] && ((c == 1 && fill_to_cap) || O + (ps.work[p] + ti) / ps.speed[p] <= limit)) {
           open[k].pop();
           ps.add(p, i, tok, ti);
           open[k].emplace(ps.duration(p), p);
+          misses = 0;
           continue;
         }
       }
@@ -297,8 +312,11 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
         for (int64_t r = s; r < s + c; ++r) sp = std::min(sp, speed[r]), cap = std::min(cap, caps[r]);
       if (s < 0 || cap < tok || (limit >= 0 && O + ti / sp > limit)) {
         deferred.push_back(i);
+        ++misses;
         continue;
       }
+      misses = 0;
+      free_ranks -= c;
       const int64_t p = ps.open(s, c, cap, sp, 0.0, step);
       ps.add(p, i, tok, ti);
       take(s, c, p);

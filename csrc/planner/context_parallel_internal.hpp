@@ -34,7 +34,8 @@ struct Ctx {
   std::vector<int32_t> choose_sizes(double target) const;  // size index per sequence
 };
 
-// order 0: widest groups first (then longest); order 1: longest pass first whatever its size.
+// build_list order 0: widest groups first (then longest), 1: longest pass first whatever its size.
+// build_steps order bit 0: the same two sort orders swapped; bit 1: single ranks fill to their cap.
 CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order);   // no barrier
 CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order);  // "pass" barrier
 

@@ -88,7 +88,7 @@ Ctx::Ctx(const int64_t* lengths, const double* costs, int64_t n_, const CpOption
     const int64_t floor_c = std::max<int64_t>(1, (L[i] + cap_max - 1) / cap_max);
     size_t k = opts.pow2 ? 0 : static_cast<size_t>(std::max<int64_t>(0, floor_c - opts.min_cp));
     while (k < sizes.size() && cp_local_tokens(L[i], sizes[k]) > size_cap[k]) ++k;
-    if (k == sizes.size()) {
+    if (k >= sizes.size()) {
       int64_t need = floor_c;  // the size it needs on uniform caps of cap_max, whatever the world
       if (opts.pow2) {
         need = 1;
@@ -191,7 +191,14 @@ std::vector<int32_t> Ctx::choose_sizes(double target) const {
       if (best_pass_time(i, k) <= target) break;
       if (best_pass_time(i, k) < best_pass_time(i, fastest)) fastest = k;
     }
-    chosen[i] = static_cast<int32_t>(k < sizes.size() ? k : fastest);
+    if (k == sizes.size()) {
+      // Out of reach: the narrowest size within 2% of the fastest (t(c) flattens towards cp_comm * s, so the
+      // last doublings buy little time for many ranks).
+      const double good_enough = best_pass_time(i, fastest) * 1.02;
+      for (k = min_size[i]; k < fastest && !(fits(i, k) && best_pass_time(i, k) <= good_enough); ++k) {
+      }
+    }
+    chosen[i] = static_cast<int32_t>(k);
   }
   return chosen;
 }
@@ -209,7 +216,10 @@ CpPlan plan_context_parallel(const int64_t* lengths, const double* costs, int64_
   const double bound = ctx.lower_bound();
   // Candidate plans: CP sizes widened towards a few target pass times (multiples of the bound), each built
   // and simulated; the shortest makespan wins. Identical size choices are built once.
-  const double multipliers[] = {1.0, 1.03, 1.1, 1.25, 1.5, 2.0, 3.0, std::numeric_limits<double>::infinity()};
+  // Under the "pass" barrier every step lasts its longest pass, so the targets go down to a step's length too.
+  std::vector<double> multipliers = {1.0, 1.03, 1.1, 1.25, 1.5, 2.0, 3.0, std::numeric_limits<double>::infinity()};
+  if (opts.pass_barrier)
+    for (double m = 0.5; m > 0.1; m *= 0.5) multipliers.push_back(m);
   CpPlan best;
   best.makespan = std::numeric_limits<double>::infinity();
   std::vector<std::vector<int32_t>> tried;
@@ -217,7 +227,7 @@ CpPlan plan_context_parallel(const int64_t* lengths, const double* costs, int64_
   for (double m : multipliers) {
     auto chosen = ctx.choose_sizes(bound * m);
     if (std::find(tried.begin(), tried.end(), chosen) != tried.end()) continue;
-    for (int order = 0; order < 2; ++order) {
+    for (int order = 0; order < (opts.pass_barrier ? 4 : 2); ++order) {
       CpPlan plan = opts.pass_barrier ? cp_detail::build_steps(ctx, chosen, order)
                                       : cp_detail::build_list(ctx, chosen, order);
       ++candidates;
