@@ -9,6 +9,7 @@ model families pack exactly on which path, ``prepare_model``) ->
 from ._version import __version__
 from .planning import (ALGORITHMS, OVERLONG_POLICIES, PLAN_ERRORS, Plan, Segments, check_plan, plan, transformer_cost,
                        vision_cost)
+from .planning import ContextParallelPlan, plan_context_parallel  # dynamic CP: sizes, groups, order
 from .packing import (LAYOUTS, PackBuffers, PackInfo, PackLayout, mrope_position_ids, ops, pack_layout, pack_on_device,
                       pack_sequences, unpack_sequences)
 from .models import packing_support, prepare_model, unprepare_model  # per-family verdicts, stand-ins
@@ -26,4 +27,5 @@ __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_
            "PackedRowsCollator", "mrope_position_ids", "PackBuffers", "transformer_cost", "vision_cost",
            "register_varlen_attention", "varlen_attention_forward",
            "shard_context_parallel", "unshard_context_parallel", "pack_context_parallel",
-           "prepare_model", "unprepare_model", "packing_support"]
+           "prepare_model", "unprepare_model", "packing_support",
+           "plan_context_parallel", "ContextParallelPlan"]
