@@ -17,13 +17,18 @@ import packkit  # noqa: E402
 from packkit.models import kernels as pk_kernels  # noqa: E402
 from packkit.models.support import modeling_modules  # noqa: E402
 
-from model_zoo import tiny_config  # noqa: E402
+from model_zoo import fp64_everywhere, tiny_config  # noqa: E402
 from transformers.integrations import hub_kernels  # noqa: E402
 
 FEATURES = [{"input_ids": list(range(3, 16))}, {"input_ids": [5, 6, 7, 8, 9, 10, 11, 12]}, {"input_ids": [4, 3]}]
 
 
+_FP64 = pytest.MonkeyPatch()  # fp64_everywhere's patches, undone when the module's tests end
+
+
 def build(name: str, train: bool = False):
+    """A tiny fp64 model, fp64 everywhere: transformers' fp32 casts (Qwen3-Next's gated norm computes
+    silu(gate.float())) would put 1-2 fp32 ulp, CPU-dependent (AVX-512's tail path), into the exact comparisons."""
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -31,7 +36,9 @@ def build(name: str, train: bool = False):
                                                               experts_implementation="eager")
     if getattr(model, "_supports_sdpa", False):
         model.set_attn_implementation("sdpa")
-    return model.to(torch.float64).train(train)
+    model = model.to(torch.float64).train(train)
+    fp64_everywhere(model, _FP64)
+    return model
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -40,6 +47,7 @@ def _one_thread():
     torch.set_num_threads(1)  # tiny ops: threads only add contention
     yield
     torch.set_num_threads(threads)
+    _FP64.undo()
 
 
 def module_state(model) -> dict:
