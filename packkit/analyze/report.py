@@ -66,15 +66,25 @@ def render(stats: dict, simulations: dict, recommendations: dict, *, figures: li
             f"efficiency, {rec['packs']:,} packs (lower bound {rec['lower_bound']:,}), "
             f"{rec['samples_per_pack']:.2f} samples per pack, {rec['dropped']:,} dropped / "
             f"{rec['truncated']:,} truncated ({_pct(rec['lost_fraction'], 3)} of samples)"
-            + (f", padding would reach {_pct(rec['padding_efficiency'])}" if rec["padding_efficiency"] else "")
-            + ".", "", f"Why: {rec['reason']} (target {_pct(crit['target_efficiency'])}, "
+            + ".", ""]
+    if rec["padding_efficiency"]:
+        out += [f"Padding baseline (no packing: micro-batches of {tr['padding']['per_device_batch_size']} samples, "
+                f"each padded to its longest sample): {_pct(rec['padding_efficiency'])} efficiency.", ""]
+    out += [ f"Why: {rec['reason']} (target {_pct(crit['target_efficiency'])}, "
             f"loss budget {_pct(crit['max_dropped_fraction'], 3)}, over-long policy `{crit['overlong']}`).", ""]
     cfg = recommendations["config"]
     plan_cfg = cfg["packkit_plan"]
-    out += ["```yaml", "training:", "  packing: true", f"  global_max_length: {cfg['global_max_length']}",
-            f"  per_device_train_batch_size: {cfg['per_device_train_batch_size']}",
-            f"  effective_batch_size: {cfg['effective_batch_size']}", f"  num_train_epochs: {cfg['num_train_epochs']}",
-            "```", "", "```python",
+    accumulation = tr["packing"]["gradient_accumulation"]
+    out += [f"In axolotl (`axolotl train config.yml`, packkit's plan through its plugin), "
+            f"{cfg['effective_batch_size']} rows per optimizer step over {tr['dp_size']} rank(s):", "",
+            "```yaml", "plugins:", "  - packkit.integrations.axolotl.PackkitPlugin", "sample_packing: true",
+            f"sequence_len: {cfg['global_max_length']}", f"micro_batch_size: {cfg['per_device_train_batch_size']}",
+            f"gradient_accumulation_steps: {accumulation}", f"num_epochs: {cfg['num_train_epochs']}", "```", "",
+            "In LLaMA-Factory (`python -m packkit.integrations.llamafactory.train config.yaml`):", "",
+            "```yaml", "packing: true", f"cutoff_len: {cfg['global_max_length']}",
+            f"per_device_train_batch_size: {cfg['per_device_train_batch_size']}",
+            f"gradient_accumulation_steps: {accumulation}", f"num_train_epochs: {cfg['num_train_epochs']}", "```", "",
+            "With packkit directly:", "", "```python",
             f"plan = packkit.plan(lengths, {plan_cfg['capacity']}, algorithm={plan_cfg['algorithm']!r}, "
             f"overlong={plan_cfg['overlong']!r}, dp_size={plan_cfg['dp_size']}, cost={plan_cfg['cost']!r})",
             "```", ""]
