@@ -10,6 +10,8 @@ import pytest
 
 import packkit
 
+pytestmark = pytest.mark.core
+
 ROOT = Path(__file__).resolve().parents[1]
 # Source folder -> module prefix (triton_kernels/ ships as packkit.triton_kernels).
 SOURCES = {ROOT / "packkit": "packkit", ROOT / "triton_kernels": "packkit.triton_kernels"}
@@ -140,7 +142,7 @@ PUBLIC_API = ["ALGORITHMS", "LAYOUTS", "OVERLONG_POLICIES", "PLAN_ERRORS", "Pack
               "register_varlen_attention",
               "shard_context_parallel", "transformer_cost", "unpack_sequences", "unprepare_model", "vision_cost",
               "unshard_context_parallel",
-              "varlen_attention_forward"]
+              "varlen_attention_forward", "plan_context_parallel", "ContextParallelPlan"]
 
 
 def test_public_api_is_unchanged():
