@@ -13,6 +13,8 @@ sys.path.insert(0, TOOLS)
 import adversarial_pass  # noqa: E402
 from adversarial_cases import Case  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 
 def test_every_case_passes_under_a_memory_limit():
     run = subprocess.run([sys.executable, os.path.join(TOOLS, "adversarial_pass.py"), "--memory-gb", "6"],

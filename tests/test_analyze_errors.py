@@ -12,6 +12,8 @@ import pytest
 from analyze_helpers import make_tokenizer, no_partial_outputs, records, run_cli, write, write_lengths_text
 from packkit.analyze import AnalyzeError, MissingDependency, analyze_lengths
 
+pytestmark = pytest.mark.core
+
 pytest.importorskip("pyarrow")
 
 

@@ -18,6 +18,8 @@ from packkit.analyze import AnalyzeError, read_lengths, safe_input
 from packkit.analyze import lengths as lengths_module
 from packkit.analyze.lengths import LengthSpec
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture
 def deadline():

@@ -11,6 +11,8 @@ from analyze_helpers import (expected, make_tokenizer, no_partial_outputs, recor
                              write, write_lengths_text)
 from packkit.analyze import AnalyzeError, LengthSpec, analyze, read_lengths
 
+pytestmark = pytest.mark.core
+
 pytest.importorskip("pyarrow")
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")

@@ -19,6 +19,8 @@ from packkit.analyze import analyze_lengths
 from packkit.analyze.recommend import recommend, training_dynamics
 from packkit.analyze.simulate import auto_max_lengths, nice_ceil, parse_max_lengths
 
+pytestmark = pytest.mark.core
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

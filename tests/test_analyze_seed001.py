@@ -12,6 +12,8 @@ import pytest
 from analyze_helpers import check_png, run_cli, write_lengths_text
 from packkit.tools.demo import demo_lengths
 
+pytestmark = pytest.mark.core
+
 SEED_001 = {"samples": 99_388, "mean": 1333.7, "median": 864.0, "p95": 3668.6, "p99": 7888.1,
             "efficiency_at_20000": 0.9273, "packs_at_20000": 7091, "dropped_at_20000": 101}
 

@@ -13,6 +13,8 @@ from analyze_helpers import run_cli, write
 from packkit.analyze import AnalyzeError, LengthSpec, read_lengths
 from packkit.analyze.vision_tokens import FAMILIES, VisionTokenRule, image_tokens
 
+pytestmark = pytest.mark.core
+
 
 def smart_resize(height, width, factor, min_pixels, max_pixels):
     """The Qwen2-VL image processor's rule, written out (transformers' own is compared below when present)."""

@@ -15,6 +15,8 @@ sys.path.insert(0, TOOLS)
 from api_fuzz_lib import planted, registry  # noqa: E402
 from api_fuzz_lib.runner import all_cases, run_cases  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 # CI budget of the fixed-seed run (seconds of fuzzing; the whole test adds the imports, ~20-60 s on 2 cores).
 CI_BUDGET = float(os.environ.get("PACKKIT_API_FUZZ_SECONDS", "60"))
 

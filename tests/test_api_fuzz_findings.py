@@ -13,6 +13,8 @@ from packkit import rl
 from packkit import shared_prefix as sp
 from packkit.training import hf_attention
 
+pytestmark = pytest.mark.core
+
 SEQS = [[1000 + t for t in range(n)] for n in (5, 3, 7)]
 
 

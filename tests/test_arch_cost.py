@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 import packkit
 from packkit.planning.arch_cost import DocumentCost, pairs
 
+pytestmark = pytest.mark.core
+
 transformers = pytest.importorskip("transformers")
 model_zoo = pytest.importorskip("model_zoo")
 

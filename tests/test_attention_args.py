@@ -26,6 +26,8 @@ from packkit.training import attention_args, hf_attention
 import attention_models
 from shared_prefix_models import VOCAB
 
+pytestmark = pytest.mark.core
+
 transformers = pytest.importorskip("transformers")
 
 FUNCTIONS = {"packkit_varlen": hf_attention.varlen_attention_forward,

@@ -11,6 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from trainers import common  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
 
 

@@ -7,6 +7,8 @@ import torch
 
 from packkit.integrations.axolotl.collator import AxolotlPackingCollator
 
+pytestmark = pytest.mark.full
+
 
 class Tokenizer:
     pad_token_id = 0

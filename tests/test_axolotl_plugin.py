@@ -19,6 +19,8 @@ from shared_prefix_models import fp64_norms  # noqa: E402
 
 import axolotl_train_worker as worker  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 WORLD = 2
 
 

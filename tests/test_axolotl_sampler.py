@@ -12,6 +12,8 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 from packkit.integrations.axolotl import MultipackBatchSampler
 from packkit.integrations.axolotl.fill import fill_last_step
 
+pytestmark = pytest.mark.full
+
 accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
 
 

@@ -20,6 +20,8 @@ import packkit
 from packkit.packing import backend_check
 from packkit.packing.sequences import _backend_for, _op
 
+pytestmark = pytest.mark.full
+
 CUDA0 = torch.device("cuda", 0)
 
 

@@ -16,6 +16,8 @@ from hypothesis import given, settings, strategies as st
 import packkit
 from packkit.training.block_masks import LayerBlockMasks, document_causal_block_mask, layer_block_masks
 
+pytestmark = pytest.mark.core
+
 masking_utils = pytest.importorskip("transformers.masking_utils")
 
 

@@ -16,6 +16,8 @@ import packkit
 from pack_reference import reference_pack_batch
 from packkit import PackBuffers, PackingCollator
 
+pytestmark = pytest.mark.core
+
 KEYS = ("input_ids", "labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k")
 
 

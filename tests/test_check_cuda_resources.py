@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.full
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "cuda_fixtures"
 spec = importlib.util.spec_from_file_location("check_cuda_resources", ROOT / "tools" / "check_cuda_resources.py")

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 import packkit
 from packkit import PackingCollator
 
+pytestmark = pytest.mark.core
+
 transformers = pytest.importorskip("transformers")
 
 

@@ -16,6 +16,8 @@ from cp_reference import reference_shard
 from gpu_gate import on
 from packkit.context_parallel import CPShardInfo, cp_padded_lengths
 
+pytestmark = pytest.mark.core
+
 BACKENDS = ["cpu", pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
             pytest.param("triton", marks=gpu_gate.needs_triton_gpu)]
 MODES = ("zigzag", "contiguous")

@@ -15,6 +15,8 @@ import packkit
 from packkit import PackingCollator, pack_context_parallel, pack_sequences, shard_context_parallel
 from llama_helpers import VOCAB, tiny_llama
 
+pytestmark = pytest.mark.core
+
 
 # -- a plan made for other lengths is refused (coverage, not only bounds) ----------------------------------
 def test_plan_of_other_lengths_is_refused():

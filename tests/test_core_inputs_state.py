@@ -10,6 +10,8 @@ import packkit
 from packkit import PackedBatchSampler, PackedIterableDataset, PackingCollator, pack_sequences
 from packkit.packing.checks import MAX_PADDING_TOKENS
 
+pytestmark = pytest.mark.core
+
 LENGTHS = np.random.default_rng(0).integers(1, 60, 200)
 
 

@@ -6,6 +6,8 @@ import torch
 
 import packkit
 
+pytestmark = pytest.mark.core
+
 transformers = pytest.importorskip("transformers")
 
 

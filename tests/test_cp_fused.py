@@ -20,6 +20,8 @@ from packkit.context_parallel import pack_context_parallel, shard_context_parall
 from packkit.context_parallel.fused import FusedPlan
 from packkit.training import collator as collator_module
 
+pytestmark = pytest.mark.core
+
 BACKENDS = ["cpu", pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
             pytest.param("triton", marks=gpu_gate.needs_triton_gpu)]
 MODES = ("zigzag", "contiguous")

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from dist_helpers import run_gloo_workers
 
+pytestmark = pytest.mark.core
+
 pytest.importorskip("transformers")
 
 

@@ -5,6 +5,8 @@ import pytest
 
 import packkit
 
+pytestmark = pytest.mark.core
+
 datasets = pytest.importorskip("datasets")
 
 

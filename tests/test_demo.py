@@ -10,6 +10,8 @@ from packkit.tools import demo
 from packkit.__main__ import main
 from packkit.analyze.simulate import padding_baseline
 
+pytestmark = pytest.mark.core
+
 pytest.importorskip("matplotlib")
 
 

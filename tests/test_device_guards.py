@@ -13,6 +13,9 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.core
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_WORK = re.compile(r"new_empty\(|\bempty\(|current_stream\(|<<<|\blaunch_\w+\(")

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs is not installed")
+pytestmark = [pytest.mark.full, pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs is not installed")]
 
 
 def test_mkdocs_build_strict(tmp_path):

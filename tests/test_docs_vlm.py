@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.core
+
 pytest.importorskip("transformers")
 
 

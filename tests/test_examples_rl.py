@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.full
+
 pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
 

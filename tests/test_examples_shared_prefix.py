@@ -8,6 +8,8 @@ import pytest
 
 from test_examples import _needs, run_example
 
+pytestmark = pytest.mark.full
+
 
 @_needs("transformers")
 def test_shared_prefix_grpo_example():

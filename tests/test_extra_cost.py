@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 import packkit
 from packkit import _planner
 
+pytestmark = pytest.mark.core
+
 CAPACITY = 64
 COSTS = {"tokens": "tokens", "attention": "attention", "pair": (3.0, 0.25),
          "callable": lambda l: np.sqrt(l.astype(np.float64)) + 1.0}

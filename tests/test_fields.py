@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 import packkit
 from packkit import PackingCollator, PackedIterableDataset
 
+pytestmark = pytest.mark.core
+
 
 def features(rng, n, max_len=30, form="list"):
     conv = {"list": lambda a: a.tolist(), "numpy": lambda a: a, "tensor": torch.from_numpy}[form]

@@ -15,6 +15,8 @@ import packkit
 
 from llama_helpers import CAPACITY, assert_close, loss_and_grads, sequences, tiny_llama, unpacked_reference
 
+pytestmark = pytest.mark.core
+
 transformers = pytest.importorskip("transformers")
 
 

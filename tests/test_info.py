@@ -19,6 +19,8 @@ from pack_reference import (reference_layout, reference_pack, reference_pack_bat
 from packkit.tools import selfcheck
 from packkit.tools.elf import read_elf
 
+pytestmark = pytest.mark.full
+
 ERROR_PROBES = ("plan of a sequence longer than capacity", "layout with num_cu_seqlens = 0",
                 "pack with a pad value int64 cannot hold")
 

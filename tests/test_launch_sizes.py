@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+pytestmark = [pytest.mark.core, pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")]
 
 MAX_GRID_X = 2**31 - 1
 MAX_TOKENS = 2**31 - 1  # checked_total_tokens: num_rows * row_len < 2^31 (int32 cu_seqlens)

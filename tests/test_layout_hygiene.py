@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.core
+
 TESTS = Path(__file__).resolve().parent
 SHADOWABLE = ("triton", "torch", "numpy", "packkit", "transformers", "datasets", "pyarrow", "hypothesis", "ray")
 

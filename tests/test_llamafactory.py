@@ -27,6 +27,8 @@ from llamafactory.hparams import DataArguments  # noqa: E402
 
 from packkit.integrations import llamafactory as lf  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 IGNORE = -100
 VOCAB = 64
 

@@ -21,6 +21,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from entry_assets import PYTHON, bin_of, run, save_tiny_model, start_lines, train_tokenizer, write_dataset  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 CONFIG = """\
 model_name_or_path: {model}
 stage: sft

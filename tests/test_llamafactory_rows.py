@@ -12,6 +12,8 @@ from torch.utils.data import BatchSampler, SequentialSampler
 from packkit.integrations.llamafactory import build_rows, plan_rows
 from packkit.integrations.llamafactory.rows import IGNORE_INDEX, MAX_SUB_SEQ_IDX
 
+pytestmark = pytest.mark.full
+
 accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
 COST = (6.0 * 2048, 1.0)
 

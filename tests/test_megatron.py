@@ -24,6 +24,8 @@ with warnings.catch_warnings():
 import packkit  # noqa: E402
 from packkit.integrations.megatron import megatron_pad_multiple, packed_seq_params, thd_batch_on_cp_rank  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 
 def docs_of(lengths, seed=0):
     g = torch.Generator().manual_seed(seed)

@@ -30,6 +30,8 @@ import packkit
 from packkit.planning import mixer_cost
 from packkit.planning.arch_cost import DocumentCost
 
+pytestmark = pytest.mark.full
+
 transformers = pytest.importorskip("transformers")
 model_zoo = pytest.importorskip("model_zoo")
 

@@ -24,6 +24,8 @@ import packkit
 from packkit.training import doc_attention as da
 from test_varlen_cpu import _rel, dense_reference
 
+pytestmark = pytest.mark.core
+
 transformers = pytest.importorskip("transformers")
 model_zoo = pytest.importorskip("model_zoo")
 

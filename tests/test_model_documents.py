@@ -11,6 +11,8 @@ import packkit
 from packkit.models.documents import (document_spans, spans_from_cu, spans_from_position_ids,
                                       spans_from_seq_idx)
 
+pytestmark = pytest.mark.core
+
 
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=8), padded=st.booleans())

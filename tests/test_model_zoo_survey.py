@@ -9,6 +9,8 @@ import pathlib
 
 import pytest
 
+pytestmark = pytest.mark.full
+
 pytest.importorskip("transformers")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -13,6 +13,8 @@ import packkit
 pytest.importorskip("transformers")
 from vlm_helpers import IMAGE, MERGE, make_sample, tiny_model  # noqa: E402
 
+pytestmark = pytest.mark.core
+
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 _MODELS = {}
 

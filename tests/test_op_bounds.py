@@ -17,6 +17,9 @@ from hypothesis import strategies as st
 
 import packkit  # noqa: F401  (registers the ops)
 from plan_perturb import bad_case
+import pytest
+
+pytestmark = pytest.mark.core
 
 OPS = torch.ops.packkit
 GUARD = 37  # elements each side; odd, so views are not aligned to anything special

@@ -16,6 +16,8 @@ pa = pytest.importorskip("pyarrow")
 from packkit.datasets import arrow_packing  # noqa: E402
 from packkit.datasets import read_report  # noqa: E402
 
+pytestmark = pytest.mark.core
+
 
 def source(lengths, *, mask_type="int8"):
     ids = make_rows(lengths)

@@ -18,6 +18,8 @@ from datasets.table import MemoryMappedTable  # noqa: E402
 import packkit.datasets.hf_datasets as pk_datasets  # noqa: E402
 from packkit.datasets import arrow_packing  # noqa: E402
 
+pytestmark = pytest.mark.core
+
 LENGTHS = [5, 0, 17, 3, 40, 12, 1, 29, 8, 33, 21, 2, 14, 9, 36, 6]
 SEQ_LENGTH = 48
 

@@ -10,6 +10,8 @@ from hypothesis import given, settings, strategies as st
 import packkit
 from dataset_checks import STRIDE, decode_segments, expected_segments, make_rows
 
+pytestmark = pytest.mark.core
+
 datasets = pytest.importorskip("datasets")
 
 

@@ -17,6 +17,8 @@ import gpu_gate
 from gpu_gate import on, ops_for
 from pack_samples import DTYPES, FEATURES, make_case, random_source, sample_cases
 
+pytestmark = pytest.mark.core
+
 OPS = torch.ops.packkit
 DEVICES = ["cpu"] + (["cuda"] if gpu_gate.CUDA_KERNELS else [])
 # Every backend, always listed: on a machine without a GPU the device ones skip with a reason that

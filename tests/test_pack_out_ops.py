@@ -17,6 +17,8 @@ from pack_reference import (reference_layout, reference_pack, reference_pack_bat
                             reference_unpack_padded)
 from pack_samples import DTYPES, FEATURES, make_case, random_source, sample_cases
 
+pytestmark = pytest.mark.core
+
 OPS = torch.ops.packkit
 DEVICES = ["cpu", pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels)]
 

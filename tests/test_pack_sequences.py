@@ -11,6 +11,8 @@ import packkit
 import gpu_gate
 from pack_reference import reference_pack_batch
 
+pytestmark = pytest.mark.core
+
 transformers = pytest.importorskip("transformers")
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

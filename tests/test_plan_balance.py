@@ -12,6 +12,8 @@ import packkit
 from packkit.planning.balance_bound import step_balance_lower_bound
 from plan_checks import check_plan
 
+pytestmark = pytest.mark.core
+
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -7,6 +7,8 @@ import torch
 
 import packkit
 
+pytestmark = pytest.mark.core
+
 BAD_INPUTS = [
     # (lengths, capacity, kwargs, exception, message fragment)
     ([3, -1, 4, -2], 10, {}, ValueError, r"2 lengths are negative \(first at index 1: -1\)"),

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 import packkit
 from plan_checks import check_plan
 
+pytestmark = pytest.mark.core
+
 
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(0, 30), max_size=40), seed=st.integers(0, 1000))

@@ -7,6 +7,8 @@ import torch
 
 import packkit
 
+pytestmark = pytest.mark.core
+
 
 def sample_inputs():
     """One generator of sample inputs feeding every op test."""

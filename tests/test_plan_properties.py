@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 import packkit
 from plan_checks import check_plan, kept_length, rank_costs_of
 
+pytestmark = pytest.mark.core
+
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 capacities = st.integers(min_value=1, max_value=300)

@@ -17,6 +17,8 @@ from pack_reference import reference_pack, reference_pack_batch, reference_unpac
 from packkit.planning.plan_check import PLAN_ERRORS, plan_errors
 from plan_perturb import bad_case
 
+pytestmark = pytest.mark.core
+
 OPS = torch.ops.packkit
 
 

@@ -7,6 +7,8 @@ import pytest
 import packkit
 from dataset_checks import decode_segments, expected_segments, make_rows
 
+pytestmark = pytest.mark.full
+
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 datasets = pytest.importorskip("datasets")

@@ -17,8 +17,8 @@ import torch
 from packkit.tools.elf import newest_versions, read_elf
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None,
-                                reason="needs gcc and binutils")
+pytestmark = [pytest.mark.full, pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None,
+                                reason="needs gcc and binutils")]
 
 
 def _check_abi():

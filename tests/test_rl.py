@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 import packkit
 from packkit import rl
 
+pytestmark = pytest.mark.core
+
 
 def check_plan(mb, lengths, max_tokens, dp_size):
     seen = np.concatenate([b for rank in mb.indices for b in rank]) if mb.num_micro_batches else np.zeros(0)

@@ -7,6 +7,8 @@ import torch
 from packkit import rl
 from test_rl import rollouts
 
+pytestmark = pytest.mark.core
+
 
 @pytest.mark.parametrize("scale", [2, 0.5])
 def test_mask_values_other_than_0_1_are_refused(scale):

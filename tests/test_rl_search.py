@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from packkit import _planner, rl
 from packkit.rl.local_search import refine_across_steps
 
+pytestmark = pytest.mark.core
+
 
 def _layout(lengths, costs, cap, dp, k, equal_count, search_rounds):
     """The C++ layout as indices[rank][step] (index arrays), or None where it finds none at this k."""

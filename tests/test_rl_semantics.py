@@ -10,6 +10,8 @@ import torch
 from packkit import rl
 from shared_prefix_models import PROMPT, RESPONSE, VOCAB, per_sample_rollouts
 
+pytestmark = pytest.mark.core
+
 transformers = pytest.importorskip("transformers")
 
 REL = 1e-10

@@ -11,6 +11,8 @@ from tensordict import TensorDict  # noqa: E402
 
 from packkit.integrations import verl as pv  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 PROMPT, S = 600, 3000
 
 

@@ -17,6 +17,8 @@ from packkit.training.sampler import PackedBatchSampler
 
 from dist_helpers import run_gloo_workers
 
+pytestmark = pytest.mark.core
+
 
 def lognormal(n: int, seed: int = 1, cap: int = 8192) -> np.ndarray:
     """Lengths of the seed-001 profile (median 864, sigma 0.932), clipped to [1, cap]."""

@@ -11,6 +11,8 @@ import packkit
 from packkit.training.sampler import PackedBatchSampler
 from packkit.training.sampler.epoch import epoch_time
 
+pytestmark = pytest.mark.core
+
 
 def lognormal(n: int, seed: int = 1, cap: int = 8192) -> np.ndarray:
     rng = np.random.default_rng(seed)

@@ -11,6 +11,8 @@ import torch
 from packkit import shared_prefix as sp
 from shared_prefix_models import VOCAB, fp64_norms, tiny
 
+pytestmark = pytest.mark.core
+
 IGNORE = -100
 
 

@@ -18,6 +18,8 @@ from packkit.shared_prefix.layout import tree_layout
 
 from shared_prefix_cases import forests, laid_out as base_laid_out
 
+pytestmark = pytest.mark.core
+
 
 def laid_out(spec, rows: int):
     forest, layout = base_laid_out(spec, rows)

@@ -15,6 +15,8 @@ from torch._dynamo.utils import counters
 
 from packkit.shared_prefix.attention import masks
 
+pytestmark = pytest.mark.core
+
 WARM_UP = [(1, 128), (2, 128), (3, 256), (1, 384)]  # torch specialises sizes 0 / 1: one row, one block
 NEW = [(4, 512), (2, 200), (5, 640)]  # then any other batch reuses what is compiled
 

@@ -20,6 +20,8 @@ from packkit.shared_prefix.planning import split_oversized, tree_costs
 
 from shared_prefix_models import PROMPT, grpo_rollouts
 
+pytestmark = pytest.mark.core
+
 P = [[1, 2, 3], [4, 5]]
 C = [[[6, 7], [8]], [[9], [10, 11]]]  # 11 tokens, 4 sequences
 

@@ -19,6 +19,8 @@ from packkit import shared_prefix as sp
 import attention_models
 from shared_prefix_models import VOCAB, fp64_norms, per_sample_groups, tiny
 
+pytestmark = pytest.mark.core
+
 transformers = pytest.importorskip("transformers")
 
 REL_LOGP, REL_GRAD = 1e-10, 1e-9

@@ -12,6 +12,8 @@ from hypothesis import given, settings, strategies as st
 from packkit import shared_prefix as sp
 from packkit.shared_prefix.radix import build_tree_reference
 
+pytestmark = pytest.mark.core
+
 seqs = st.lists(st.lists(st.integers(0, 3), max_size=8), min_size=0, max_size=12)
 
 

@@ -10,6 +10,8 @@ from packkit import rl, shared_prefix as sp
 
 from shared_prefix_models import PROMPT, RESPONSE, grpo_rollouts, per_sample_rollouts, tiny
 
+pytestmark = pytest.mark.core
+
 transformers = pytest.importorskip("transformers")
 
 

@@ -17,6 +17,8 @@ from hypothesis import given, settings, strategies as st
 from packkit import shared_prefix as sp
 from packkit.shared_prefix.planning import split_oversized, tree_costs
 
+pytestmark = pytest.mark.core
+
 tokens = st.integers(1, 4)  # a tiny vocabulary makes shared prefixes likely
 seqs = st.lists(st.lists(tokens, max_size=7), min_size=1, max_size=9)
 

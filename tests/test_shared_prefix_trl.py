@@ -13,6 +13,8 @@ from packkit import shared_prefix as sp
 
 from shared_prefix_models import VOCAB, fp64_norms, tiny
 
+pytestmark = pytest.mark.full
+
 trl = pytest.importorskip("trl")
 
 

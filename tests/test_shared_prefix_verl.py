@@ -11,6 +11,8 @@ from packkit.integrations.verl_shared_prefix import shared_prefix_log_probs
 
 from shared_prefix_models import PROMPT, RESPONSE, fp64_norms, grpo_rollouts, per_sample_rollouts, tiny
 
+pytestmark = pytest.mark.full
+
 pytest.importorskip("transformers")
 
 

@@ -12,6 +12,8 @@ from packkit import shared_prefix as sp
 from packkit.integrations.verl_shared_prefix import multi_turn_tree_batch
 from shared_prefix_models import VOCAB, fp64_norms, tiny
 
+pytestmark = pytest.mark.full
+
 P, R = 8, 14
 
 

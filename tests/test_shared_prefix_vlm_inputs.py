@@ -13,6 +13,8 @@ from packkit import shared_prefix as sp
 pytest.importorskip("transformers")
 from vlm_helpers import IMAGE, MERGE, VIDEO, make_sample, tiny_config  # noqa: E402
 
+pytestmark = pytest.mark.core
+
 CONFIG = tiny_config("qwen2_5_vl")
 
 

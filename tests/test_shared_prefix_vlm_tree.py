@@ -13,6 +13,8 @@ pytest.importorskip("transformers")
 from shared_prefix_vlm_helpers import PROMPT_FIELDS, fp64_vlm_norms  # noqa: E402
 from vlm_helpers import make_sample, tiny_model  # noqa: E402
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture(autouse=True)
 def _fp64(monkeypatch):

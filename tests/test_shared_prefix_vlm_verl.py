@@ -15,6 +15,8 @@ pytest.importorskip("transformers")
 from shared_prefix_vlm_helpers import PROMPT_FIELDS, fp64_vlm_norms  # noqa: E402
 from vlm_helpers import make_sample, tiny_model  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 PROMPT, RESPONSE = 16, 6
 
 

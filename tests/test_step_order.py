@@ -15,6 +15,8 @@ import torch
 import packkit
 from packkit.planning import step_order
 
+pytestmark = pytest.mark.core
+
 N_DOCS, SEQ_LEN, BOUND = 5000, 1024, 0.1
 
 

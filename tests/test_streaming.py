@@ -13,6 +13,8 @@ from torch.utils.data import DataLoader
 from packkit.training.streaming import PackedIterableDataset
 from streaming_helpers import MODEL_KEYS, as_array, check_items, expected_pieces, make_examples
 
+pytestmark = pytest.mark.core
+
 FORMS = ("list", "numpy", "tensor", "bare")
 
 

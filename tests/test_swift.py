@@ -14,6 +14,8 @@ if not hasattr(swift, "get_template"):  # a namespace package from a stray 'swif
 
 from packkit.integrations.swift import PlannedBatchSamplerShard, PlannedPackingDataset  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
            "<|video_pad|>"]

@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 
 from packkit.integrations.swift import plan_buffer, plan_packed_idx
 
+pytestmark = pytest.mark.full
+
 
 def _deal(n_rows: int, world: int, batch_size: int, rank: int) -> list:
     """ms-swift 4.6 ``BatchSamplerShard(shuffle=False)``: rank r reads r, r + W, ..., ``batch_size`` at a time."""

@@ -23,6 +23,8 @@ from packkit.integrations.torchtitan import BalancedDocumentStream
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dist_helpers import run_gloo_workers  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 IGNORE = -100
 
 

@@ -39,6 +39,8 @@ from entry_assets import PYTHON, alpaca_samples, run  # noqa: E402
 from packkit import transformer_cost  # noqa: E402
 from packkit.integrations.torchtitan import BalancedDocumentStream  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 SEQ_LEN, BATCH, STEPS, VOCAB = 128, 2, 8, 320  # as tests/torchtitan_entry_config.py
 IGNORE = -100
 LOSS = re.compile(r"step:\s+(\d+)\s+loss:\s+(\S+)")

@@ -11,6 +11,8 @@ import pytest
 
 from packkit.integrations.torchtitan import BalancedDocumentStream
 
+pytestmark = pytest.mark.full
+
 TIMEOUT_S = 60  # generous for a loaded 2-core machine; each case takes milliseconds when it does not hang
 
 

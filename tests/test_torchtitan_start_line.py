@@ -14,6 +14,8 @@ import pytest
 from packkit.integrations.start_line import start_line, stream_start_line
 from packkit.integrations.torchtitan import BalancedDocumentStream
 
+pytestmark = pytest.mark.full
+
 LOGGER = "packkit.integrations.torchtitan.stream"
 LINE = re.compile(r"^packkit: first buffer (\d+) steps on (\d+) ranks, balance ([0-9.]+), efficiency ([0-9.]+); "
                   r"streaming, steps per epoch unknown up front$")

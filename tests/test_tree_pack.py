@@ -15,6 +15,8 @@ from gpu_gate import on
 from shared_prefix_cases import forests, laid_out, make_case, op_args
 from tree_pack_reference import reference_tree_pack
 
+pytestmark = pytest.mark.core
+
 BACKENDS = ["cpu", pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
             pytest.param("triton", marks=gpu_gate.needs_triton_gpu)]
 

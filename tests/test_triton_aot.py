@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.full
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("triton_aot_rules", ROOT / "tools" / "triton_aot_rules.py")
 aot = importlib.util.module_from_spec(_spec)

@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 _TRITON = importlib.util.find_spec("triton")  # finds, never imports
-pytestmark = pytest.mark.skipif(_TRITON is None, reason="triton is not installed")
+pytestmark = [pytest.mark.full, pytest.mark.skipif(_TRITON is None, reason="triton is not installed")]
 
 
 def _has_nvidia_backend() -> bool:

@@ -12,6 +12,8 @@ import torch
 
 import packkit
 
+pytestmark = pytest.mark.full
+
 datasets = pytest.importorskip("datasets")
 transformers = pytest.importorskip("transformers")
 trl = pytest.importorskip("trl")

@@ -26,6 +26,8 @@ from packkit.training import doc_attention as da
 from packkit.training import doc_attention_cpu as dac
 from packkit.training import hf_attention
 
+pytestmark = pytest.mark.core
+
 transformers = pytest.importorskip("transformers")
 
 

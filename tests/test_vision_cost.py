@@ -28,6 +28,8 @@ from packkit.planning.vision_cost import _TOWERS, VisionCost
 transformers = pytest.importorskip("transformers")
 from vlm_helpers import PIXEL_DIM, tiny_config  # noqa: E402
 
+pytestmark = pytest.mark.core
+
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 _RECORDED: list = []
 

@@ -8,6 +8,8 @@ import pytest
 
 from targets import TARGETS
 
+pytestmark = pytest.mark.core
+
 CORPUS = Path(__file__).parent / "corpus"
 CASES = sorted((t, p) for t in TARGETS for p in (CORPUS / t).glob("*"))
 

@@ -17,6 +17,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 HEADER = Path(torch.__file__).parent / "include" / "torch" / "csrc" / "stable" / "library.h"
 pytestmark = [
+    pytest.mark.full,
     pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler (c++) to build the bisect extension"),
     pytest.mark.skipif(not HEADER.exists(), reason="this torch ships no stable-ABI headers"),
 ]

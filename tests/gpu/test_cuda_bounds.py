@@ -12,6 +12,8 @@ import gpu_gate
 from gpu_gate import ops_for
 from pack_samples import make_case
 
+pytestmark = pytest.mark.full
+
 BACKENDS = [pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
             pytest.param("triton", marks=gpu_gate.needs_triton_gpu)]
 

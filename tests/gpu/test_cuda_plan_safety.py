@@ -21,6 +21,8 @@ from gpu_gate import ops_for
 from pack_reference import reference_pack, reference_pack_batch, reference_unpack
 from plan_perturb import bad_case
 
+pytestmark = pytest.mark.full
+
 EXAMPLES = int(os.environ.get("PACKKIT_SAFETY_EXAMPLES", "300"))
 BACKENDS = [pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
             pytest.param("triton", marks=gpu_gate.needs_triton_gpu)]

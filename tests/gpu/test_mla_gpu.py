@@ -11,6 +11,8 @@ import gpu_gate
 from packkit.training import doc_attention as da
 from packkit.training import hf_attention
 
+pytestmark = pytest.mark.full
+
 
 def _reference(q, k, v, lengths, scale):
     outs, at = [], 0

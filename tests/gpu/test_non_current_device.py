@@ -14,8 +14,8 @@ from gpu_gate import ops_for
 from pack_samples import make_case
 from shared_prefix_cases import make_case as make_forest, op_args as forest_args
 
-pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2,
-                                reason="needs two CUDA GPUs (tensors on cuda:1, device 0 current)")
+pytestmark = [pytest.mark.full, pytest.mark.skipif(torch.cuda.device_count() < 2,
+                                reason="needs two CUDA GPUs (tensors on cuda:1, device 0 current)")]
 BACKENDS = [pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
             pytest.param("triton", marks=gpu_gate.needs_triton_gpu)]
 

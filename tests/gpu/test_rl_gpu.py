@@ -9,6 +9,8 @@ import torch
 import gpu_gate
 from packkit import rl
 
+pytestmark = pytest.mark.full
+
 BACKENDS = [pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
             pytest.param("triton", marks=gpu_gate.needs_triton_gpu)]
 

@@ -15,6 +15,8 @@ import gpu_gate
 import packkit
 from packkit.packing import backend_check
 
+pytestmark = pytest.mark.full
+
 
 def _sequences(seed, n=40, max_len=300):
     rng = np.random.default_rng(seed)

@@ -9,6 +9,9 @@ import os
 import subprocess
 import time
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.full
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 90

@@ -13,6 +13,8 @@ from packkit import shared_prefix as sp
 from packkit.shared_prefix.attention.masks import dense_tree_mask, flex_tree_attention, tree_block_mask
 from packkit.shared_prefix.attention.two_pass import two_pass_attention, varlen_passes
 
+pytestmark = pytest.mark.full
+
 BACKENDS = [pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
             pytest.param("triton", marks=gpu_gate.needs_triton_gpu)]
 

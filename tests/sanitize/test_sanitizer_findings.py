@@ -10,6 +10,8 @@ import torch
 
 import packkit  # noqa: F401  (registers torch.ops.packkit)
 
+pytestmark = pytest.mark.full
+
 OPS = torch.ops.packkit
 
 

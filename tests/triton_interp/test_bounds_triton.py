@@ -27,6 +27,8 @@ from conftest import MemoryViolation  # noqa: E402
 from packkit.triton_kernels import context_parallel as tcp  # noqa: E402
 from packkit.triton_kernels import tree_pack as ttp  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 OPS = torch.ops.packkit
 EXAMPLES = int(os.environ.get("PACKKIT_BOUNDS_EXAMPLES", "40"))  # CI budget; raise it by hand
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

@@ -20,6 +20,8 @@ from conftest import _GuardedTorch  # noqa: E402
 from cp_reference import reference_shard  # noqa: E402
 from packkit.triton_kernels import context_parallel as tcp  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 
 @pytest.fixture(autouse=True)
 def guarded_cp_outputs(monkeypatch):

@@ -21,6 +21,8 @@ from packkit.triton_kernels import common  # noqa: E402
 from packkit.triton_kernels import context_parallel, layout, pack, pack_batch, tree_pack, unpack  # noqa: E402
 from shared_prefix_cases import make_case, op_args  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 FAMILIES = (layout, pack, pack_batch, unpack, context_parallel, tree_pack)
 OPS = torch.ops.packkit
 

@@ -18,6 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from packkit.triton_kernels import common, context_parallel, layout, pack, pack_batch, tree_pack, unpack  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 FAMILIES = (layout, pack, pack_batch, unpack, context_parallel, tree_pack)
 MAX = 2**31 - 1
 

@@ -34,6 +34,8 @@ from pack_reference import (  # noqa: E402
 from packkit.triton_kernels import common, unpack  # noqa: E402
 from packkit.triton_kernels import pack as tk  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 I64, I32 = torch.int64, torch.int32
 NAN, INF = float("nan"), float("inf")
 

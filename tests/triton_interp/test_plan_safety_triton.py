@@ -22,6 +22,8 @@ from pack_reference import reference_pack, reference_pack_batch, reference_unpac
 from packkit.triton_kernels import pack as tk  # noqa: E402
 from plan_perturb import bad_case  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 OPS = torch.ops.packkit
 EXAMPLES = int(os.environ.get("PACKKIT_SAFETY_EXAMPLES", "300"))  # CI budget since every launch runs sentinel-guarded; raise it by hand
 

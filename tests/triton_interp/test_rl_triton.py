@@ -15,6 +15,8 @@ import torch  # noqa: E402
 from packkit import rl  # noqa: E402
 from packkit.rl import rollouts as rollouts_module  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 
 def make(batch=9, prompt=7, response=9, seed=0):
     g = torch.Generator().manual_seed(seed)

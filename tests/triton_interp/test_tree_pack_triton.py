@@ -20,6 +20,8 @@ from packkit.triton_kernels import tree_pack as ttp  # noqa: E402
 from shared_prefix_cases import make_case, op_args  # noqa: E402
 from tree_pack_reference import reference_tree_pack  # noqa: E402
 
+pytestmark = pytest.mark.full
+
 
 @pytest.fixture(autouse=True)
 def guarded_outputs(monkeypatch):
