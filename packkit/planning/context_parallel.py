@@ -195,6 +195,9 @@ def comm_seconds(plan: ContextParallelPlan) -> float:
     group, at the group's slowest speed."""
     group = np.repeat(np.arange(plan.num_passes), np.diff(plan.pass_offsets))
     c = plan.pass_group_size[group].astype(np.float64)
-    speed = np.array([plan.rank_speed[s:s + k].min() for s, k in zip(plan.pass_rank_start, plan.pass_group_size)])
+    if (plan.rank_speed == plan.rank_speed[0]).all():
+        speed = np.full(plan.num_passes, plan.rank_speed[0])
+    else:
+        speed = np.array([plan.rank_speed[s:s + k].min() for s, k in zip(plan.pass_rank_start, plan.pass_group_size)])
     per_seq = plan.cp_comm * (c - 1) / c * plan.lengths[plan.pass_seqs] / speed[group] if len(group) else c
     return float((per_seq * c).sum())

@@ -23,7 +23,7 @@ def simulate_passes(lengths, passes, world_size: int, *, cost="attention", cp_co
     """Makespan of ``passes`` (``[(ranks, seqs), ...]``, any rank lists) under the model: each rank runs its passes
     in list order, a pass starts when all its ranks are free. With ``steps`` (one step index per pass) every step
     is a global barrier instead: a step lasts its longest pass. Returns makespan, per-rank busy seconds, passes and
-    the peak local tokens per rank (zigzag: ``2 * ceil(len / (2c))`` per sequence at c > 1)."""
+    CP communication's share of the busy rank-seconds and the peak local tokens per rank (zigzag: ``2 * ceil(len / (2c))`` per sequence at c > 1)."""
     lengths = as_lengths(lengths)
     a, b, item_costs = _cost_model(cost)
     as_float = lengths.astype(np.float64)
@@ -33,6 +33,7 @@ def simulate_passes(lengths, passes, world_size: int, *, cost="attention", cp_co
     busy = np.zeros(world_size)
     step_len: dict[int, float] = {}
     peak = 0
+    comm = 0.0
     for p, (ranks, seqs) in enumerate(passes):
         ranks = np.asarray(list(ranks), dtype=np.int64)
         c = len(ranks)
@@ -41,12 +42,15 @@ def simulate_passes(lengths, passes, world_size: int, *, cost="attention", cp_co
         local = lengths[seqs] if c == 1 else 2 * -(-lengths[seqs] // (2 * c))
         peak = max(peak, int(local.sum()))
         busy[ranks] += d
+        if c > 1:  # CP communication's rank-seconds: cp_comm * (c - 1) / c * s on each of the c ranks
+            comm += cp_comm * (c - 1) * float(lengths[seqs].sum()) / float(speed[ranks].min())
         if steps is None:
             free[ranks] = free[ranks].max() + d
         else:
             step_len[steps[p]] = max(step_len.get(steps[p], 0.0), d)
     makespan = float(free.max()) if steps is None else float(sum(step_len.values()))
-    return {"makespan": makespan, "busy": busy, "passes": len(passes), "peak_local_tokens": peak}
+    return {"makespan": makespan, "busy": busy, "passes": len(passes), "peak_local_tokens": peak,
+            "communication_share": comm / float(busy.sum()) if busy.sum() > 0 else 0.0}
 
 
 def megatron_passes(sample_id_groups) -> list:
