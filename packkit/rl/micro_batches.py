@@ -106,15 +106,56 @@ def _count(value, name, minimum=1):
     return int(value)
 
 
+def _checked_costs(values, n: int, name: str) -> np.ndarray:
+    """What a cost callback (or array) gave, as float64 costs, checked: real numbers (no bool, complex, strings or
+    None), one per sequence, each finite and >= 0, and a finite sum (an overflowing cost gives an inf sum, hence a
+    NaN balance). ``name`` says which callback in the ValueError."""
+    if values is None:
+        raise ValueError(f"{name} returned None; it must return real costs (one number >= 0 per sequence)")
+    if isinstance(values, torch.Tensor):
+        if values.dtype == torch.bool or values.is_complex():
+            raise ValueError(f"{name} returned a {values.dtype} tensor; it must return real costs (one number >= 0 "
+                             "per sequence)")
+        values = values.detach().to("cpu", torch.float64).numpy()
+    else:
+        values = np.asarray(values)
+    if values.dtype.kind not in "iuf":
+        if values.dtype.kind == "O":
+            try:
+                values = values.astype(np.float64)
+            except (TypeError, ValueError):
+                values = None
+        if values is None or values.dtype.kind not in "iuf":
+            kind = "None" if values is None or values.dtype.kind == "O" else values.dtype.name
+            raise ValueError(f"{name} returned {kind}; it must return real costs (one number >= 0 per sequence, "
+                             "e.g. a float numpy array or tensor)")
+    if values.size != n or (values.ndim != 1 and sorted(values.shape)[:-1] != [1] * (values.ndim - 1)):
+        raise ValueError(f"{name} returned costs of shape {tuple(values.shape)} for {n} sequences; it must return one "
+                         "cost per sequence")
+    values = values.astype(np.float64, copy=False).reshape(-1)
+    finite = np.isfinite(values)
+    if not finite.all():
+        i = int(np.flatnonzero(~finite)[0])
+        raise ValueError(f"{name} returned a non-finite cost ({values[i]}) for sequence {i} ({int((~finite).sum())} "
+                         "in all): an overflow? scale the costs down")
+    if n and values.min() < 0:
+        i = int(np.flatnonzero(values < 0)[0])
+        raise ValueError(f"{name} returned a negative cost ({values[i]}) for sequence {i}; costs must be >= 0 (an "
+                         "integer overflow wraps to negative: compute in float64 or int64)")
+    with np.errstate(over="ignore"):
+        total = values.sum()
+    if not np.isfinite(total):
+        raise ValueError(f"{name} returned costs that sum to inf (the largest is {values.max():.3g}): the balance "
+                         "would be NaN; scale the costs down")
+    return values
+
+
 def item_costs(lengths: np.ndarray, cost) -> tuple:
     """``(per-item float64 costs, spec for packkit.plan)`` for a cost: ``"tokens"``, ``"attention"``, ``(a, b)``,
     a transformers config, or a callable on lengths (numpy int64 array or torch tensor, e.g. verl's
     ``calculate_workload``), evaluated once, vectorised."""
     if isinstance(cost, np.ndarray):  # explicit per-item costs (e.g. summed over forced groups)
-        values = np.asarray(cost, np.float64).reshape(-1)
-        if values.shape != lengths.shape or not np.all(np.isfinite(values)) or (values < 0).any():
-            raise ValueError(f"a cost array must hold one finite cost >= 0 per sequence ({len(lengths)})")
-        return values, None
+        return _checked_costs(cost, len(lengths), "the cost array"), None
     if isinstance(cost, str) or isinstance(cost, (tuple, list)) or hasattr(cost, "hidden_size") \
             or hasattr(cost, "text_config"):
         from ..planning.planner import _cost_model
@@ -124,16 +165,12 @@ def item_costs(lengths: np.ndarray, cost) -> tuple:
         return a * x + b * x * x, (a, b)
     if not callable(cost):
         raise TypeError(f"cost must be 'tokens', 'attention', (a, b), a transformers config or a callable; got {cost!r}")
+    name = f"the cost callable {getattr(cost, '__qualname__', None) or repr(cost)}"
     try:
         values = cost(lengths.copy())
-        values = values.cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
-    except (TypeError, AttributeError):
-        values = cost(torch.from_numpy(lengths.copy())).cpu().numpy()
-    values = np.asarray(values, np.float64).reshape(-1)
-    if values.shape != lengths.shape:
-        raise ValueError(f"cost callable returned {values.shape[0]} costs for {len(lengths)} lengths")
-    if not np.all(np.isfinite(values)) or (values < 0).any():
-        raise ValueError("cost callable returned a negative or non-finite cost")
+    except (TypeError, AttributeError):  # a callable on tensors only (torch ops)
+        values = cost(torch.from_numpy(lengths.copy()))
+    values = _checked_costs(values, len(lengths), name)
     table = []  # built on the first call (only the ogbfd fallback asks)
 
     def lookup(item_lengths):  # the planner asks per length (whole sequences only here)
