@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import _planner
 from .balance_bound import step_balance_lower_bound
+from .float_plan import FLOAT_ALGORITHMS, float_plan, float_sizes, integer_requirement, is_float_capacity
 
 ALGORITHMS = ("nf", "ffd", "bfd", "obfd", "ogbfd")
 OVERLONG_POLICIES = ("error", "drop", "truncate", "split")
@@ -356,6 +357,18 @@ def check_plan_choices(algorithm, overlong) -> None:
         raise ValueError(f"unknown overlong policy {overlong!r}; allowed: {', '.join(OVERLONG_POLICIES)}")
 
 
+def _float_input(lengths, capacity, float_lengths: bool) -> str:
+    """What made a plan's input real-valued, for the integer-requirement TypeError."""
+    if not float_lengths:
+        return f"capacity {capacity!r} (capacity must be an integer)"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(lengths, torch.Tensor):
+        return f"a {lengths.dtype} tensor (lengths must be an integer tensor)"
+    if isinstance(lengths, np.ndarray):
+        return f"lengths of dtype {lengths.dtype}"
+    return "float lengths in a list"
+
+
 def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_size: int = 1,
          cost: CostSpec = "tokens", overlong: str = "error", pad_to_multiple_of: int | None = None,
          extra_cost=None) -> Plan:
@@ -391,6 +404,17 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
             (:func:`packkit.vision_cost`); with ``"split"`` it goes with the first piece. ``rank_costs`` and
             the ogbfd balance include it. ``None`` (default) or all zeros: the plan of ``cost`` alone.
     """
+    sizes = float_sizes(lengths)
+    if sizes is not None or is_float_capacity(capacity):  # real-valued sizes: nf / ffd / bfd only (float_plan.py)
+        check_plan_choices(algorithm, overlong)
+        what = _float_input(lengths, capacity, sizes is not None)
+        if algorithm not in FLOAT_ALGORITHMS:
+            raise integer_requirement(algorithm, what)
+        if dp_size != 1 or not (isinstance(cost, str) and cost == "tokens") or pad_to_multiple_of is not None or extra_cost is not None:
+            raise ValueError("float sizes are planned by nf / ffd / bfd alone: dp_size=1, cost='tokens', no "
+                             "pad_to_multiple_of, no extra_cost")
+        return float_plan(sizes if sizes is not None else as_lengths(lengths).astype(np.float64), capacity, algorithm,
+                          overlong)
     array = as_lengths(lengths)
     capacity = _as_count(capacity, "capacity")
     dp_size = _as_count(dp_size, "dp_size")
