@@ -195,9 +195,9 @@ def test_widens_the_critical_sequence_beyond_its_memory_minimum():
     assert plan.makespan < narrow
 
 
-def test_zero_length_sequences_run_at_cp_1_and_cost_nothing():
+def test_zero_length_sequences_join_a_pass_and_cost_nothing():
     plan = plan_context_parallel([0, 5000, 0, 300], 4, 4096, cost=(B, A), pass_overhead=O)
-    assert plan.cp_size[0] == plan.cp_size[2] == 1
+    check_plan(plan, [0, 5000, 0, 300], (B, A), [4096] * 4, [1.0] * 4, "pow2")
     alone = plan_context_parallel([5000, 300], 4, 4096, cost=(B, A), pass_overhead=O)
     assert plan.makespan == pytest.approx(alone.makespan)
     only_empty = plan_context_parallel([0, 0], 2, 16, pass_overhead=O)

@@ -51,7 +51,8 @@ CpPlan finish(const Ctx& x, const std::vector<int32_t>& chosen, Passes& ps, bool
   std::vector<int64_t> fill(out.offsets.begin(), out.offsets.end() - 1);
   for (int64_t i = 0; i < x.n; ++i) out.seqs[fill[ps.seq_pass[i]]++] = i;
   out.cp_size.resize(static_cast<size_t>(x.n));
-  for (int64_t i = 0; i < x.n; ++i) out.cp_size[i] = x.sizes[chosen[i]];
+  (void)chosen;
+  for (int64_t i = 0; i < x.n; ++i) out.cp_size[i] = ps.size[ps.seq_pass[i]];
   out.duration.resize(P);
   out.start.resize(P);
   for (size_t p = 0; p < P; ++p) out.duration[p] = ps.duration(static_cast<int64_t>(p));
@@ -188,9 +189,15 @@ CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
   using Entry = std::pair<double, int64_t>;
   std::vector<std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>> heaps(class_id.size());
   for (int64_t r = 0; r < x.W; ++r) heaps[rank_class[r]].emplace(free[r], r);
+  // Sequences without tokens or cost join any pass (at its group's size: 0 local tokens) and open none.
+  int64_t any_pass = ps.start.empty() ? -1 : 0;
   for (int64_t i : sorted_items(x, chosen, narrow, 0)) {
     const int64_t tok = x.L[i];
     const double ti = x.C[i];
+    if (tok == 0 && ti == 0.0 && any_pass >= 0) {
+      ps.add(any_pass, i, 0, 0.0);
+      continue;
+    }
     double best_fin = kInf;
     int best_q = -1;
     for (size_t q = 0; q < heaps.size(); ++q) {
@@ -206,6 +213,7 @@ CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
     ps.add(p, i, tok, ti);
     occupy(p, ps.begin[p] + ps.duration(p));
     heaps[best_q].emplace(free[r], r);
+    any_pass = p;
   }
   return finish(x, chosen, ps, false);
 }

@@ -224,16 +224,49 @@ CpPlan plan_context_parallel(const int64_t* lengths, const double* costs, int64_
   best.makespan = std::numeric_limits<double>::infinity();
   std::vector<std::vector<int32_t>> tried;
   int64_t candidates = 0;
+  std::vector<int32_t> best_chosen;
+  int best_order = 0;
+  auto build = [&](const std::vector<int32_t>& chosen, int order) {
+    ++candidates;
+    return opts.pass_barrier ? cp_detail::build_steps(ctx, chosen, order) : cp_detail::build_list(ctx, chosen, order);
+  };
   for (double m : multipliers) {
     auto chosen = ctx.choose_sizes(bound * m);
     if (std::find(tried.begin(), tried.end(), chosen) != tried.end()) continue;
     for (int order = 0; order < (opts.pass_barrier ? 4 : 2); ++order) {
-      CpPlan plan = opts.pass_barrier ? cp_detail::build_steps(ctx, chosen, order)
-                                      : cp_detail::build_list(ctx, chosen, order);
-      ++candidates;
-      if (plan.makespan < best.makespan) best = std::move(plan);
+      CpPlan plan = build(chosen, order);
+      if (plan.makespan < best.makespan) best = std::move(plan), best_chosen = chosen, best_order = order;
     }
     tried.push_back(std::move(chosen));
+  }
+  // Critical-pass widening: the costliest sequence of the pass that ends last (under the barrier: the longest
+  // pass) gets the next wider feasible size (about twice as wide), while that shortens the makespan. Targets
+  // miss this where a wide sequence's successor waits for it (few sequences per rank).
+  for (int round = 0; round < 8 && n > 0 && best.makespan > bound * 1.001; ++round) {
+    size_t crit = 0;
+    for (size_t p = 1; p < best.start.size(); ++p) {
+      const double end_p = opts.pass_barrier ? best.duration[p] : best.start[p] + best.duration[p];
+      const double end_c = opts.pass_barrier ? best.duration[crit] : best.start[crit] + best.duration[crit];
+      if (end_p > end_c) crit = p;
+    }
+    int64_t victim = -1;
+    double victim_t = -1.0;
+    for (int64_t q = best.offsets[crit]; q < best.offsets[crit + 1]; ++q) {
+      const int64_t i = best.seqs[q];
+      const double ti = ctx.t(i, ctx.sizes[best_chosen[i]]);
+      if (ti > victim_t) victim = i, victim_t = ti;
+    }
+    if (victim < 0) break;
+    const size_t cur = static_cast<size_t>(best_chosen[victim]);
+    size_t k = cur + 1;
+    while (k < ctx.sizes.size() && (ctx.sizes[k] < 2 * ctx.sizes[cur] || !ctx.fits(victim, k))) ++k;
+    if (k == ctx.sizes.size()) break;
+    auto chosen = best_chosen;
+    chosen[victim] = static_cast<int32_t>(k);
+    CpPlan plan = build(chosen, best_order);
+    if (!(plan.makespan < best.makespan)) break;
+    best = std::move(plan);
+    best_chosen = std::move(chosen);
   }
   best.lower_bound = bound;
   best.candidates = candidates;

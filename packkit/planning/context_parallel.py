@@ -62,7 +62,7 @@ def plan_context_parallel(lengths, world_size, max_tokens_per_rank, *, cost="att
     ``cost`` is what :func:`packkit.plan` takes. ``max_tokens_per_rank``: local tokens per rank and pass (zigzag
     padded: ``2 * ceil(len / (2c))`` per sequence at c > 1), an int or one per rank. ``cp_sizes="pow2"``: groups
     are aligned blocks ``[j*c, (j+1)*c)`` of power-of-two size; ``"any"``: contiguous blocks of any size.
-    Zero-length sequences are allowed: c = 1, no tokens, their cost (0 for the built-in costs) added to a pass."""
+    Zero-length sequences are allowed: without cost they join an existing pass (no tokens, no time)."""
     from .. import _planner
 
     lengths = as_lengths(lengths)
