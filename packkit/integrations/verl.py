@@ -2,8 +2,9 @@
 micro-batches of every data-parallel rank at once.
 
 * :func:`rearrange_micro_batches`: verl's signature and return types (micro-batch TensorDicts equal to
-  ``batch[idx]`` and the index lists). The token cap holds by construction (no re-partition loop), the
-  count is ``ceil(tokens / max_token_len)`` or one more, balanced under verl's ``calculate_workload``.
+  ``batch[idx]`` and the index lists), balanced under verl's ``calculate_workload``. Counts from the token bound
+  up, at each count packkit's plan, else verl's own Karmarkar-Karp partition at that count: never more
+  micro-batches than verl. Synced, one reduced check gives every rank the same count or the same ValueError.
 * :func:`balance_batch`: replaces the trainer's ``_balance_batch`` (Karmarkar-Karp with equal counts per
   rank). It plans all ranks' micro-batches together (:func:`packkit.rl.micro_batches` with
   ``equal_count=True``), reorders the batch so verl's equal-chunk dispatch hands each rank its
