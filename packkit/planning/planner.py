@@ -375,7 +375,9 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
     """Bin-pack sequence ``lengths`` into rows of ``capacity`` tokens.
 
     Args:
-        lengths: list, tuple, numpy array or 1-D integer tensor of non-negative lengths.
+        lengths: list, tuple, numpy array or 1-D integer tensor of non-negative lengths. Float sizes (or a float
+            ``capacity``) are packed by ``nf`` / ``ffd`` / ``bfd`` with LightBinPack's semantics into a
+            :class:`~packkit.planning.float_plan.FloatPlan` (bins only); ``obfd`` / ``ogbfd`` raise TypeError.
         capacity: tokens per row (> 0).
         algorithm: ``nf`` (next fit, input order), ``ffd``, ``bfd``, ``obfd`` (counting sort +
             bitmap best fit; default) or ``ogbfd`` (data-parallel steps balanced under ``cost``: the
