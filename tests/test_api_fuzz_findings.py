@@ -51,18 +51,6 @@ def test_varlen_softcap_number_still_runs():
     assert torch.isfinite(_varlen(softcap=5.0, scaling=0.5, sliding_window=0)).all()
 
 
-def test_packed_seq_params_names_pad_token_id_for_int32_ids():
-    pytest.importorskip("megatron.core")
-    from packkit.integrations.megatron import packed_seq_params
-
-    batch = packkit.pack_sequences(SEQS, capacity=16)
-    batch["input_ids"] = batch["input_ids"].to(torch.int32)
-    with pytest.raises(ValueError, match=r"pad_token_id=1099511627776 cannot be stored in the batch's torch.int32"):
-        packed_seq_params(batch, pad_token_id=2**40)
-    out, _ = packed_seq_params(batch, pad_token_id=2**31 - 1)
-    assert out["tokens"].dtype == torch.int32
-
-
 def test_pack_rollout_groups_catches_a_layout_of_another_mask():
     ids = torch.arange(1000, 1024).reshape(4, 6)
     mask = torch.tensor([[0, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
@@ -157,16 +145,6 @@ def test_context_parallel_sizes_bounded_and_named():
     assert packkit.shard_context_parallel(batch, 2, 1)["input_ids"].numel() > 0
 
 
-def test_megatron_parallel_sizes_bounded_and_named():
-    pytest.importorskip("megatron.core")
-    from packkit.integrations.megatron import megatron_pad_multiple, packed_seq_params
-
-    with pytest.raises(ValueError, match="cp_size must be in"):
-        megatron_pad_multiple(2**64, 1, False)
-    with pytest.raises(ValueError, match=r"cp_size=16777216, tp_size=1.*refuses more than"):
-        packed_seq_params(packkit.pack_sequences(SEQS, capacity=16), cp_size=2**24)
-
-
 def test_micro_batches_bounds():
     with pytest.raises(ValueError, match=r"max_tokens must be an int in \[1, 2\^63 - 1\]"):
         rl.micro_batches([3, 4], 2**64)
@@ -189,31 +167,10 @@ def test_pack_dataset_return_report_is_a_bool():
         packkit.pack_dataset(ds, 8, return_report=0)
 
 
-def test_torchtitan_stream_sizes_named_before_allocating():
-    pytest.importorskip("torchtitan")
-    from packkit.integrations.torchtitan import BalancedDocumentStream
-
-    docs = [{"input_ids": s} for s in SEQS]
-    with pytest.raises(ValueError, match="local_batch_size x seq_len"):
-        BalancedDocumentStream(docs, seq_len=2**31, local_batch_size=1)
-    with pytest.raises(ValueError, match=r"dp_world_size x local_batch_size = 2147483648 rows per step; at most 2\^16"):
-        BalancedDocumentStream(docs, seq_len=8, local_batch_size=1, dp_world_size=2**31)
-
-
 def test_status_errors_refuses_a_float_status():
     with pytest.raises(TypeError, match="status must be an integer 0-d tensor"):
         sp.status_errors(torch.tensor(3.5))
     assert len(sp.status_errors(torch.tensor(3, dtype=torch.int32))) == 2
-
-
-def test_thd_split_bounds_cp_size():
-    pytest.importorskip("megatron.core")
-    from packkit.integrations.megatron import packed_seq_params, thd_batch_on_cp_rank
-
-    out, params = packed_seq_params(packkit.pack_sequences(SEQS, capacity=16), cp_size=2)
-    with pytest.raises(ValueError, match="cp_size must be in"):
-        thd_batch_on_cp_rank(out, params, 2**63 - 1, 0)
-    assert thd_batch_on_cp_rank(out, params, 2, 1)["tokens"].numel() * 2 == out["tokens"].numel()
 
 
 def test_pack_on_device_size_error_names_capacity():

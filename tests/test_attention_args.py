@@ -26,7 +26,7 @@ from packkit.training import attention_args, hf_attention
 import attention_models
 from shared_prefix_models import VOCAB
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 transformers = pytest.importorskip("transformers")
 

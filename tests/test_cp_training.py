@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from dist_helpers import run_gloo_workers
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 pytest.importorskip("transformers")
 

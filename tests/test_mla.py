@@ -24,7 +24,7 @@ import packkit
 from packkit.training import doc_attention as da
 from test_varlen_cpu import _rel, dense_reference
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 transformers = pytest.importorskip("transformers")
 model_zoo = pytest.importorskip("model_zoo")

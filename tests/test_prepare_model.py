@@ -20,7 +20,7 @@ from packkit.models.support import modeling_modules  # noqa: E402
 from model_zoo import fp64_everywhere, tiny_config  # noqa: E402
 from transformers.integrations import hub_kernels  # noqa: E402
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 FEATURES = [{"input_ids": list(range(3, 16))}, {"input_ids": [5, 6, 7, 8, 9, 10, 11, 12]}, {"input_ids": [4, 3]}]
 

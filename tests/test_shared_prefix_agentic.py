@@ -11,7 +11,7 @@ import torch
 from packkit import shared_prefix as sp
 from shared_prefix_models import VOCAB, fp64_norms, tiny
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 IGNORE = -100
 

@@ -18,7 +18,7 @@ from packkit.shared_prefix.layout import tree_layout
 
 from shared_prefix_cases import forests, laid_out as base_laid_out
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 
 def laid_out(spec, rows: int):

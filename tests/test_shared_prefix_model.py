@@ -19,7 +19,7 @@ from packkit import shared_prefix as sp
 import attention_models
 from shared_prefix_models import VOCAB, fp64_norms, per_sample_groups, tiny
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 from shared_prefix_vlm_helpers import fp64_vlm_norms, per_sample_logprobs, shared, vlm_groups, worst_rel  # noqa: E402
 from vlm_helpers import tiny_model  # noqa: E402
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 REL_LOGP = 1e-10
 

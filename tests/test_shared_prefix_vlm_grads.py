@@ -12,7 +12,7 @@ from shared_prefix_vlm_helpers import (fp64_vlm_norms, grads, per_sample_logprob
                                        worst_grad)
 from vlm_helpers import tiny_model  # noqa: E402
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 REL_GRAD = 1e-9
 

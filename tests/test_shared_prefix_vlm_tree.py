@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from shared_prefix_vlm_helpers import PROMPT_FIELDS, fp64_vlm_norms  # noqa: E402
 from vlm_helpers import make_sample, tiny_model  # noqa: E402
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 
 @pytest.fixture(autouse=True)

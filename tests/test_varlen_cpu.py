@@ -26,7 +26,7 @@ from packkit.training import doc_attention as da
 from packkit.training import doc_attention_cpu as dac
 from packkit.training import hf_attention
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,7 +16,7 @@ import packkit
 pytest.importorskip("transformers")
 from vlm_helpers import tiny_model, make_sample  # noqa: E402
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
 
 CAPACITY = 64
 VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
