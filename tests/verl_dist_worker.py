@@ -60,6 +60,29 @@ def cases(rank):
     }
 
 
+def synced_differential(rank, batches=40):
+    """Synced counts of packkit's drop-in and of verl's own function (its collectives moved to the CPU for gloo) on
+    the same random batches, different on each rank: [packkit count, verl count or None where verl raised]."""
+    import numpy as np
+    from verl.utils import seqlen_balancing as sb
+
+    sb.get_device_name = lambda: "cpu"  # verl puts its count tensor on its accelerator; gloo reduces host tensors
+    out = []
+    for seed in range(batches):
+        rng = np.random.default_rng([seed, rank])
+        n = int(rng.integers(4, 40))
+        lengths = np.minimum(rng.integers(20, 200, n) + np.exp(rng.normal(4.5, 0.8, n)).astype(int), 400).tolist()
+        cap = int(rng.choice([400, 500, 800]))
+        batch = batch_of(lengths, 400)
+        ours = len(pv.rearrange_micro_batches(batch, cap, dp_group=dist.group.WORLD)[0])
+        try:
+            theirs = len(sb.rearrange_micro_batches(batch, cap, dp_group=dist.group.WORLD)[0])
+        except ValueError:  # a rank with fewer rows than the agreed count: verl raises on every rank
+            theirs = None
+        out.append([ours, theirs])
+    return out
+
+
 def main() -> int:
     rank, world_size, init_method, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
@@ -80,6 +103,7 @@ def main() -> int:
             alive = torch.ones(1)
             dist.all_reduce(alive)  # the training step's next collective: reached by every rank
             records[name]["after"] = int(alive.item())
+        records["synced_differential"] = synced_differential(rank)
         gathered = [None] * world_size
         dist.all_gather_object(gathered, records)
         if rank == 0:
