@@ -205,3 +205,15 @@ def test_min_num_micro_batch_above_the_rows_gives_empty_micro_batches():
         assert set(mb.keys()) == set(batch.keys())
         assert mb["input_ids"].shape == (len(p), 30) and mb["values"].shape == (len(p),)
     assert math.isclose(float(torch.cat(micro)["values"].sum()), 3.0)
+
+
+def test_balance_batch_takes_a_float_cap_like_rearrange():
+    from verl import DataProto
+
+    batch = verl_style_batch(1, rows=32)
+    plans = []
+    for cap in (300, 300.7, torch.tensor(300)):
+        data = DataProto.from_dict(tensors=dict(batch.items()))
+        plans.append(pv.balance_batch(data, 2, cap))
+    assert all(p.max_tokens == 300 and [x.tolist() for r in p.indices for x in r] ==
+               [x.tolist() for r in plans[0].indices for x in r] for p in plans)

@@ -303,6 +303,7 @@ def balance_batch(batch, dp_size: int, max_token_len: int, *, cost=None, metrics
     ``calculate_workload``. Returns the :class:`packkit.rl.MicroBatches` plan.
     """
     seqlen_balancing, _ = _verl()
+    max_token_len = _token_cap(max_token_len)  # an int, a float or a 0-d tensor, as rearrange_micro_batches takes
     mask = batch.batch["attention_mask"]
     lengths_t = mask.view(mask.shape[0], -1).sum(-1).long()
     odd = ((mask != 0) & (mask != 1)).sum().reshape(1).long() if mask.dtype != torch.bool else lengths_t[:0]
