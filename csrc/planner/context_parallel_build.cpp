@@ -130,8 +130,10 @@ CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
     return p >= 0 && !ps.closed[p] && ps.start[p] == s && ps.size[p] == c && ps.tokens[p] + tok <= ps.cap[p];
   };
 
+  // Narrow sequences in the once-sorted cost order (their key, cost / speed, orders them alike): no sort per
+  // candidate for the many short ones.
   std::vector<int64_t> wide, narrow;
-  for (int64_t i = 0; i < x.n; ++i) (x.sizes[chosen[i]] > 1 ? wide : narrow).push_back(i);
+  for (int64_t i : x.by_cost) (x.sizes[chosen[i]] > 1 ? wide : narrow).push_back(i);
 
   // Wide sequences, in order, each onto the group of its size where it finishes first (joining the group's
   // open pass when its tokens fit: one overhead less).
@@ -191,7 +193,7 @@ CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
   for (int64_t r = 0; r < x.W; ++r) heaps[rank_class[r]].emplace(free[r], r);
   // Sequences without tokens or cost join any pass (at its group's size: 0 local tokens) and open none.
   int64_t any_pass = ps.start.empty() ? -1 : 0;
-  for (int64_t i : sorted_items(x, chosen, narrow, 0)) {
+  for (int64_t i : narrow) {
     const int64_t tok = x.L[i];
     const double ti = x.C[i];
     if (tok == 0 && ti == 0.0 && any_pass >= 0) {

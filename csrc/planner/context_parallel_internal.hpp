@@ -22,6 +22,7 @@ struct Ctx {
   std::vector<std::vector<int64_t>> level_cap;    // pow2: min cap of aligned block j of size 2^l
   std::vector<std::vector<double>> level_speed;   // pow2: min speed of that block
   std::vector<int32_t> min_size;        // per sequence: index of its smallest feasible size
+  std::vector<int64_t> by_cost;         // all sequences, costliest first (ties by index): sorted once
   int64_t cap_max = 0;
   double speed_min = 1.0, speed_sum = 1.0;
   bool uniform = true;                  // one cap and one speed for all ranks

@@ -105,6 +105,9 @@ Ctx::Ctx(const int64_t* lengths, const double* costs, int64_t n_, const CpOption
     }
     min_size[i] = static_cast<int32_t>(k);
   }
+  by_cost.resize(static_cast<size_t>(n));
+  std::iota(by_cost.begin(), by_cost.end(), 0);
+  std::sort(by_cost.begin(), by_cost.end(), [&](int64_t a, int64_t b) { return C[a] != C[b] ? C[a] > C[b] : a < b; });
 }
 
 double Ctx::t(int64_t i, int64_t c) const {
