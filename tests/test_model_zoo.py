@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 import model_zoo as zoo  # noqa: E402
 import model_zoo_cases as cases  # noqa: E402
 
-pytestmark = [pytest.mark.full, pytest.mark.exactness]
+pytestmark = pytest.mark.full
 
 RESULTS = {}
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "reliability.md"

@@ -32,7 +32,7 @@ from gpu_gate import CUDA, REQUIRED_TAG, needs_cuda
 from llama_helpers import (CAPACITY, loss_and_grads, rel_err, sequences, tiny_llama, unpacked_reference,
                            worst_rel_err)
 
-pytestmark = [pytest.mark.core, pytest.mark.exactness]
+pytestmark = pytest.mark.core
 
 transformers = pytest.importorskip("transformers")
 
