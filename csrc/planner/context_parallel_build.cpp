@@ -244,6 +244,22 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
     std::vector<int64_t> level_ptr(level_used.size(), 0);
     int64_t lp = 0, rp = W - 1;  // uniform ranks: wide groups from the left, single ranks from the right
     double limit = -1.0;         // the step's length: its first (longest) pass
+    // fill_to_cap: single ranks may run past that length, up to the smaller of a full pass (cap_max tokens at
+    // the remaining sequences' mean cost per token) and the remaining work per rank: a step as long as its
+    // longest pass otherwise shrinks step after step as the sequences get shorter.
+    double single_limit = -1.0;
+    if (fill_to_cap) {
+      long double work = 0.0L, tokens = 0.0L, cost = 0.0L;
+      for (int64_t i : remaining) {
+        const int64_t c = x.sizes[chosen[i]];
+        work += static_cast<long double>(c) * x.t(i, c);
+        tokens += x.L[i];
+        cost += x.C[i];
+      }
+      const double per_token = tokens > 0 ? static_cast<double>(cost / tokens) : 0.0;
+      single_limit = O + std::min(static_cast<double>(work) / x.speed_sum,
+                                  per_token * static_cast<double>(x.cap_max) / x.speed_min);
+    }
     const int64_t first_pass = static_cast<int64_t>(ps.start.size());
     auto take = [&](int64_t s, int64_t c, int64_t p) {
       for (int64_t r = s; r < s + c; ++r) owner[r] = p;
@@ -305,9 +321,8 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
       // Join the least loaded pass of this size if it stays within the step and its cap.
       if (!open[k].empty()) {
         const int64_t p = open[k].top().second;
-        // Within the step's length (its first pass); with fill_to_cap single ranks fill up to their cap
-        // instead (fewer, longer steps: better where a step is at least one full pass long anyway).
-        if (ps.tokens[p] + tok <= ps.cap[p] && ((c == 1 && fill_to_cap) || O + (ps.work[p] + ti) / ps.speed[p] <= limit)) {
+        // Within the step's length (its first pass; single ranks: see single_limit).
+        if (ps.tokens[p] + tok <= ps.cap[p] && O + (ps.work[p] + ti) / ps.speed[p] <= (c == 1 ? std::max(limit, single_limit) : limit)) {
           open[k].pop();
           ps.add(p, i, tok, ti);
           open[k].emplace(ps.duration(p), p);
