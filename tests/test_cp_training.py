@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from dist_helpers import run_gloo_workers
 
-pytestmark = [pytest.mark.core, pytest.mark.exactness]
+pytestmark = [pytest.mark.full, pytest.mark.exactness]  # 4 gloo processes: ~45 s of 2 cores
 
 pytest.importorskip("transformers")
 
