@@ -89,19 +89,23 @@ Ctx::Ctx(const int64_t* lengths, const double* costs, int64_t n_, const CpOption
     size_t k = opts.pow2 ? 0 : static_cast<size_t>(std::max<int64_t>(0, floor_c - opts.min_cp));
     while (k < sizes.size() && cp_local_tokens(L[i], sizes[k]) > size_cap[k]) ++k;
     if (k >= sizes.size()) {
-      int64_t need = floor_c;  // the size it needs on uniform caps of cap_max, whatever the world
+      // The size it needs on uniform caps of cap_max, whatever the world, in closed form (no loop sized by a
+      // length): a zigzag shard holds 2 * ceil(len / 2c) tokens, so c > 1 needs c >= len / (2 * floor(cap / 2)),
+      // and a cap below 2 holds no shard of a longer sequence at any size.
+      const std::string where = "lengths[" + std::to_string(i) + "] = " + std::to_string(L[i]) +
+                                " fits no allowed CP group at max_tokens_per_rank " + std::to_string(cap_max) +
+                                " (world_size " + std::to_string(W) + ", CP sizes " + std::to_string(opts.min_cp) +
+                                ".." + std::to_string(opts.max_cp) + (opts.pow2 ? ", powers of two)" : ")");
+      const int64_t half = cap_max / 2;
+      if (half == 0) throw InvalidInput(where + ": a shard at CP size > 1 holds at least 2 tokens");
+      int64_t need = std::max<int64_t>(2, L[i] / (2 * half) + (L[i] % (2 * half) != 0));
       if (opts.pow2) {
-        need = 1;
-        while (cp_local_tokens(L[i], need) > cap_max) need *= 2;
-      } else {
-        while (cp_local_tokens(L[i], need) > cap_max) ++need;
+        int64_t p = 2;
+        while (p < need && p < (int64_t{1} << 62)) p *= 2;
+        need = p;
       }
       need = std::max(need, opts.min_cp);
-      throw InvalidInput("sequence " + std::to_string(i) + " of length " + std::to_string(L[i]) +
-                         " fits no allowed CP group: it needs a CP size of at least " + std::to_string(need) +
-                         " at max_tokens_per_rank " + std::to_string(cap_max) + " (world_size " +
-                         std::to_string(W) + ", CP sizes " + std::to_string(opts.min_cp) + ".." +
-                         std::to_string(opts.max_cp) + (opts.pow2 ? ", powers of two)" : ")"));
+      throw InvalidInput(where + ": it needs a CP size of at least " + std::to_string(need));
     }
     min_size[i] = static_cast<int32_t>(k);
   }

@@ -16,6 +16,7 @@ import numpy as np
 from .planner import _cost_model, as_lengths
 
 CP_SIZES = ("pow2", "any")
+MAX_WORLD = 1 << 20  # ranks; per-rank state is O(world_size), so the bound keeps memory by the data's scale
 BARRIERS = ("none", "pass")
 
 
@@ -70,6 +71,8 @@ def plan_context_parallel(lengths, world_size, max_tokens_per_rank, *, cost="att
         bad = int(np.argmin(lengths))
         raise ValueError(f"lengths must be >= 0; index {bad} is {int(lengths[bad])}")
     world = _int(world_size, "world_size")
+    if world > MAX_WORLD:
+        raise ValueError(f"world_size must be in [1, {MAX_WORLD:,}], got {world}")
     caps = _per_rank(max_tokens_per_rank, world, "max_tokens_per_rank", "int")
     speed = np.ones(world) if rank_speed is None else _per_rank(rank_speed, world, "rank_speed", "real")
     cp_comm, pass_overhead = _real(cp_comm, "cp_comm"), _real(pass_overhead, "pass_overhead")
@@ -95,6 +98,13 @@ def plan_context_parallel(lengths, world_size, max_tokens_per_rank, *, cost="att
     costs = item_costs(lengths) if item_costs is not None else a * as_float + b * as_float * as_float
     if not np.all(np.isfinite(costs)):
         raise ValueError("cost overflows float64 for these lengths")
+    # Every pass time the planner forms is at most this (all sequences in one pass on the slowest rank): finite,
+    # or the simulated times are inf / NaN and no plan is comparable.
+    worst = (float(np.sum(costs)) + cp_comm * float(np.sum(as_float)) + pass_overhead * (lengths.size + 1)) / float(
+        speed.min())
+    if not math.isfinite(worst):
+        raise ValueError("cost, cp_comm and pass_overhead give pass times that overflow float64 "
+                         f"(cp_comm={cp_comm!r}, pass_overhead={pass_overhead!r}); scale them down")
     raw = _planner.plan_context_parallel(lengths, np.ascontiguousarray(costs, dtype=np.float64), world,
                                          caps.tolist(), speed.tolist(), cp_comm, pass_overhead, pow2, min_cp, max_cp,
                                          barrier == "pass")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from . import reg_core, reg_extra, reg_more, reg_rl_sp
+from . import reg_core, reg_cp_plan, reg_extra, reg_more, reg_rl_sp
 
 MODULES = ("packkit", "packkit.rl", "packkit.shared_prefix", "packkit.integrations.megatron",
            "packkit.integrations.verl", "packkit.integrations.verl_shared_prefix", "packkit.integrations.torchtitan",
@@ -14,6 +14,7 @@ MODULES = ("packkit", "packkit.rl", "packkit.shared_prefix", "packkit.integratio
 
 # Public names that are not fuzzed by calling them, and why.
 NOT_CALLED = {
+    "packkit.ContextParallelPlan": "a result type of plan_context_parallel (its passes are checked there)",
     "packkit.Segments": "a NamedTuple of plan arrays (its fields are checked by every plan's checker)",
     "packkit.PackLayout": "a NamedTuple returned by pack_layout (checked there)",
     "packkit.PackInfo": "returned by pack_sequences(return_info=True); fuzzed as unpack_sequences' stale info",
@@ -100,7 +101,7 @@ def preload() -> None:
 
 def build() -> dict:
     reg: dict = {}
-    for module in (reg_core, reg_rl_sp, reg_more, reg_extra):
+    for module in (reg_core, reg_rl_sp, reg_more, reg_extra, reg_cp_plan):
         module.register(reg)
     return reg
 
