@@ -135,7 +135,7 @@ def test_errors_name_global_rows_and_return_nothing():
     with pytest.raises(ValueError, match=r"column 'labels', row 2: 2 values but input_ids has 3"):
         packkit.pack_dataset(ray.data.from_arrow(parts), 8)
     with pytest.raises(ValueError, match="longer than"):
-        packkit.pack_dataset(ray.data.from_arrow(parts[:1]), 1)
+        packkit.pack_dataset(ray.data.from_arrow(parts[:1]), 1, overlong="error")
     with pytest.raises(ValueError, match="seq_length must be a positive integer"):
         packkit.pack_dataset(ray.data.from_arrow(parts[:1]), 0)
     with pytest.raises(ValueError, match="empty"):

@@ -38,7 +38,7 @@ def accepts(api: str, name: str, check: Optional[Callable] = None):
 
 
 # -- packkit.plan ---------------------------------------------------------------------------------------------------
-refuses("plan", "float lengths", "lengths must be integers")(lambda: packkit.plan([1.5, 2], 10))
+refuses("plan", "float lengths", "needs integers: integer lengths")(lambda: packkit.plan([1.5, 2], 10))
 refuses("plan", "cost as a numpy array", "cost must be")(lambda: packkit.plan([1, 2, 3], 10, dp_size=2,
                                                                             cost=np.array([1, 2])))
 refuses("plan", "dp_size 2**40", "dp_size must be in")(lambda: packkit.plan([1, 2], 10, dp_size=2**40))
