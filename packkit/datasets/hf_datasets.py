@@ -311,9 +311,22 @@ def trl_row_order(segments):
     if len(seq) < 2 or int(counts.max(initial=0)) < 2:
         return segments
     row = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    order = np.lexsort((start, seq, -np.asarray(length, np.int64), row))
-    if (order == np.arange(len(order))).all():
+    length64 = np.asarray(length, np.int64)
+    d_len, d_seq, d_start = np.diff(length64), np.diff(seq), np.diff(start)
+    wrong = (row[1:] == row[:-1]) & ((d_len > 0) | ((d_len == 0) & ((d_seq < 0) | ((d_seq == 0) & (d_start < 0)))))
+    if not wrong.any():
         return segments
+    bad = np.zeros(len(counts), bool)
+    bad[row[1:][wrong]] = True
+    idx = np.flatnonzero(bad[row])  # the segments of the rows out of order (rows are contiguous runs)
+    order = np.arange(len(seq), dtype=np.int64)
+    top, nseq = int(length64.max()) + 1, int(seq.max()) + 1
+    if len(counts) * top * nseq < 2 ** 62:  # one int64 key: row, then longest first, then source row (a sequence's
+        # pieces never share a row: all but its last are seq_length long)
+        key = (row[idx] * top + (top - 1 - length64[idx])) * nseq + seq[idx]
+        order[idx] = idx[np.argsort(key)]
+    else:
+        order[idx] = idx[np.lexsort((start[idx], seq[idx], -length64[idx], row[idx]))]
     return Segments(seq[order], start[order], length[order], offsets)
 
 
