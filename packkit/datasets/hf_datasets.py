@@ -1,9 +1,11 @@
 """``packkit.pack_dataset``: a whole dataset packed with one global plan, in TRL's pre-packed format.
 
-``datasets.Dataset`` in, ``datasets.Dataset`` out (a ``ray.data.Dataset`` goes to :mod:`packkit.datasets.ray_data`).
-Each output row is one packed row: every per-token list column is packed row-wise and ``seq_lengths``
-(list<int32>, the segment lengths of the row) is added — exactly what TRL's ``pack_dataset`` writes and
-what ``DataCollatorForLanguageModeling(padding_free=True)`` reads to restart ``position_ids``.
+A drop-in for ``trl.pack_dataset`` (issue 57): a ``datasets.Dataset`` / ``IterableDataset`` / ``DatasetDict`` /
+``IterableDatasetDict`` in, the same type out (a ``ray.data.Dataset`` goes to :mod:`packkit.datasets.ray_data`).
+Each output row is one packed row: every list column is packed row-wise, in the input's column order, and
+``seq_lengths`` (the segment lengths of the row, typed as TRL types it) is added — exactly what TRL's
+``pack_dataset`` writes and what ``DataCollatorForLanguageModeling(padding_free=True)`` reads to restart
+``position_ids``. The input's format is restored. Only the row order differs from TRL's (docs/trl.md).
 
 ``datasets`` and ``pyarrow`` are imported inside the functions: ``import packkit`` needs neither.
 """
