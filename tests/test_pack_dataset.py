@@ -60,25 +60,6 @@ def test_every_token_exactly_once_per_policy(lengths, seq_length, overlong, algo
     assert read_report(out) == report.summary()
 
 
-def test_trl_example_and_format():
-    trl = pytest.importorskip("trl")
-    examples = {"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]],
-                "attention_mask": [[1, 1, 1, 0, 0], [1, 0], [1, 1, 0], [1]]}
-    ds = datasets.Dataset.from_dict(examples)
-    ours = packkit.pack_dataset(ds, 4, overlong="truncate", shuffle=False)
-    theirs = trl.pack_dataset(ds, 4, strategy="bfd")
-    assert ours.features == theirs.features  # same columns and types: list<int64> ..., seq_lengths list<int32>
-    # TRL's rows, in the order of each row's longest example (0, 1, 2), not TRL's longest-first order (issue 47).
-    assert ours[:] == {"input_ids": [[1, 2, 3, 4], [6, 7], [8, 9, 10, 11]],
-                       "attention_mask": [[1, 1, 1, 0], [1, 0], [1, 1, 0, 1]], "seq_lengths": [[4], [2], [3, 1]]}
-    assert sorted(ours["input_ids"]) == sorted(theirs["input_ids"])
-    split = packkit.pack_dataset(ds, 4, overlong="split", position_ids=True, shuffle=False)
-    # inside a row the segments are in TRL's order: longest first, then source order (issue 57)
-    assert split["seq_lengths"] == [[4], [2, 1], [3, 1]]
-    assert split["position_ids"] == [[0, 1, 2, 3], [0, 1, 0], [0, 1, 2, 0]]
-    assert split.features["position_ids"] == datasets.List(datasets.Value("int64"))
-
-
 def test_global_plan_beats_per_batch_and_matches_planner():
     rng = np.random.default_rng(0)
     lengths = rng.integers(16, 1025, 3000)

@@ -97,3 +97,22 @@ def test_rows_equal_trl_exactly_when_one_batch_and_shuffle_false_wrapped():
     ds = make_dataset(columns, types)
     ours, theirs = both(ds, 33, "wrapped")
     assert ours.to_dict() == theirs.to_dict()  # "wrapped": TRL's rows in TRL's order
+
+
+def test_trl_example_and_format():
+    trl = pytest.importorskip("trl")
+    examples = {"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]],
+                "attention_mask": [[1, 1, 1, 0, 0], [1, 0], [1, 1, 0], [1]]}
+    ds = datasets.Dataset.from_dict(examples)
+    ours = packkit.pack_dataset(ds, 4, overlong="truncate", shuffle=False)
+    theirs = trl.pack_dataset(ds, 4, strategy="bfd")
+    assert ours.features == theirs.features  # same columns and types: list<int64> ..., seq_lengths list<int32>
+    # TRL's rows, in the order of each row's longest example (0, 1, 2), not TRL's longest-first order (issue 47).
+    assert ours[:] == {"input_ids": [[1, 2, 3, 4], [6, 7], [8, 9, 10, 11]],
+                       "attention_mask": [[1, 1, 1, 0], [1, 0], [1, 1, 0, 1]], "seq_lengths": [[4], [2], [3, 1]]}
+    assert sorted(ours["input_ids"]) == sorted(theirs["input_ids"])
+    split = packkit.pack_dataset(ds, 4, overlong="split", position_ids=True, shuffle=False)
+    # inside a row the segments are in TRL's order: longest first, then source order (issue 57)
+    assert split["seq_lengths"] == [[4], [2, 1], [3, 1]]
+    assert split["position_ids"] == [[0, 1, 2, 3], [0, 1, 0], [0, 1, 2, 0]]
+    assert split.features["position_ids"] == datasets.List(datasets.Value("int64"))

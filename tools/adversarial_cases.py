@@ -91,8 +91,20 @@ refuses("pack_dataset", "seed='x'", "seed must be None or an int")(lambda: packk
                                                                                                seed="x"))
 refuses("pack_dataset", "position_ids='yes'", "position_ids must be True or False")(
     lambda: packkit.pack_dataset(_dataset(), 10, position_ids="yes"))
-refuses("pack_dataset", "negative token id", "row 1 holds a negative token id")(
-    lambda: packkit.pack_dataset(_dataset(((1, 2), (3, -4))), 10))
+def _negative_token_id_warned():
+    """TRL packs a negative id as it is; packkit does too (a drop-in), but never silently: a warning names the row."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = packkit.pack_dataset(_dataset(((1, 2), (3, -4))), 10)
+    if not any("row 1 holds a negative token id" in str(w.message) for w in caught):
+        raise AssertionError("a negative token id was packed without a warning")
+    return out
+
+
+accepts("pack_dataset", "negative token id (packed as TRL does, warned)", lambda r: r.num_rows == 1)(
+    _negative_token_id_warned)
 
 
 # -- packkit.integrations.verl --------------------------------------------------------------------------------------
