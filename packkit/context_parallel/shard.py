@@ -311,7 +311,11 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
     cu = _host_cu(batch, lengths, pack_info)
     if len(cu) < 2 and num_tokens:
         raise ValueError("cu_seq_lens must have at least one segment")
-    if int(cu[-1]) != num_tokens or (len(cu) > 1 and np.diff(cu).min() < 0):
+    if len(cu) > 1 and np.diff(cu).min() < 0:  # checked first: a decreasing run can still end at num_tokens
+        i = int(np.argmax(np.diff(cu) < 0)) + 1
+        raise ValueError(f"cu_seq_lens_q must be non-decreasing; index {i} is {int(cu[i])}, below index {i - 1} "
+                         f"({int(cu[i - 1])})")
+    if int(cu[-1]) != num_tokens:
         raise ValueError(f"the segment lengths sum to {int(cu[-1])} but the batch has {num_tokens} tokens")
     cup, local_len, local_cu = _cp_geometry(cu, cp_size, cp_rank, mode)
     zigzag = mode == "zigzag"

@@ -21,6 +21,7 @@ from .float_plan import FLOAT_ALGORITHMS, float_plan, float_sizes, integer_requi
 ALGORITHMS = ("nf", "ffd", "bfd", "obfd", "ogbfd")
 OVERLONG_POLICIES = ("error", "drop", "truncate", "split")
 COST_MODELS = ("tokens", "attention")
+MAX_EMPTY_RANKS = 2**16  # plan() refuses dp_size above max(this, number of sequences) (issue 57)
 
 CostSpec = Union[str, tuple, Callable[[np.ndarray], "np.typing.ArrayLike"]]
 
@@ -250,6 +251,7 @@ def as_lengths(lengths) -> np.ndarray:
     """Validates ``lengths`` and returns a contiguous int64 numpy array (no copy when it already is one)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(lengths, torch.Tensor):
+        _refuse_meta(lengths, "lengths")
         if lengths.dtype == torch.bool or lengths.is_floating_point() or lengths.is_complex():
             raise TypeError(f"lengths must be an integer tensor, got dtype {lengths.dtype}")
         if lengths.dim() != 1:
@@ -264,6 +266,13 @@ def as_lengths(lengths) -> np.ndarray:
             array = np.asarray(lengths)
         except (ValueError, OverflowError) as e:  # ragged nesting, ints beyond int64
             raise ValueError(f"lengths must be a flat sequence of integers: {e}") from None
+        if array.dtype.kind == "f" and any(isinstance(x, numbers.Integral) and not isinstance(x, bool)
+                                           and not -2**63 <= int(x) < 2**63 for x in lengths):
+            # numpy turns [3, 2**63] into float64: name the int that does not fit, not the dtype
+            big = next(i for i, x in enumerate(lengths) if isinstance(x, numbers.Integral)
+                       and not isinstance(x, bool) and not -2**63 <= int(x) < 2**63)
+            raise ValueError(f"lengths must fit in int64; index {big} is {int(lengths[big])}, outside "
+                             f"[-2**63, 2**63 - 1]")
     else:
         raise TypeError("lengths must be a list, tuple, numpy array or 1-D integer tensor, "
                         f"got {type(lengths).__name__}")
@@ -274,11 +283,17 @@ def as_lengths(lengths) -> np.ndarray:
             bad = next((i for i, x in enumerate(array)
                         if isinstance(x, bool) or not isinstance(x, numbers.Integral)), None)
             if bad is None:  # Python ints too large for int64
-                raise ValueError("lengths must fit in int64")
+                big = next((i for i, x in enumerate(array) if not -2**63 <= int(x) < 2**63), None)
+                if big is None:
+                    raise TypeError("lengths must be integers of an integer dtype, got an array of dtype object "
+                                    "(Python ints); convert it, e.g. np.asarray(lengths, dtype=np.int64)")
+                raise ValueError(f"lengths must fit in int64; index {big} is {int(array[big])}, outside "
+                                 f"[-2**63, 2**63 - 1]")
             raise TypeError(f"lengths must be integers; index {bad} is {type(array[bad]).__name__} {array[bad]!r}")
         raise TypeError(f"lengths must be integers, got dtype {array.dtype}")
     if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
-        raise ValueError("lengths must fit in int64")
+        big = int(np.argmax(array > np.iinfo(np.int64).max))
+        raise ValueError(f"lengths must fit in int64; index {big} is {int(array[big])} (dtype {array.dtype})")
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
@@ -298,7 +313,14 @@ def _cost_model(cost: CostSpec):
             return (*cost, None)
     if callable(cost):  # a DocumentCost of transformer_cost too
         def item_costs(item_lengths: np.ndarray) -> np.ndarray:
-            values = np.asarray(cost(item_lengths), dtype=np.float64)
+            values = cost(item_lengths)
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(values, torch.Tensor):
+                _refuse_meta(values, "cost")
+                values = values.detach().cpu().numpy()
+            values = np.asarray(values)
+            check_real_dtype(values.dtype, "cost", "the cost callable's values")
+            values = np.asarray(values, dtype=np.float64)
             if values.shape != item_lengths.shape:
                 raise ValueError(f"cost callable must return one cost per item (shape {item_lengths.shape}), "
                                  f"got shape {values.shape}")
@@ -306,6 +328,14 @@ def _cost_model(cost: CostSpec):
                 raise ValueError("cost callable returned a negative or non-finite cost")
             return values
         return 1.0, 0.0, item_costs
+    if isinstance(cost, (bool, np.bool_, complex, np.complexfloating)):
+        raise TypeError(f"cost must be 'tokens', 'attention', a pair (a, b) of ints or floats or a callable; got "
+                        f"{type(cost).__name__} {cost!r}")
+    if isinstance(cost, (tuple, list, np.ndarray)) and len(cost) == 2:
+        for c in cost:
+            if isinstance(c, (bool, np.bool_)) or isinstance(c, (complex, np.complexfloating)) or (
+                    isinstance(cost, np.ndarray) and cost.dtype.kind not in "iuf"):
+                raise TypeError(f"cost must hold ints or floats: the pair (a, b) has {type(c).__name__} {c!r}")
     if isinstance(cost, (tuple, list)) and len(cost) == 2 and all(
             isinstance(c, numbers.Real) and not isinstance(c, bool) for c in cost):
         a, b = float(cost[0]), float(cost[1])
@@ -316,6 +346,22 @@ def _cost_model(cost: CostSpec):
                     f"or a callable mapping an int64 array of lengths to costs; got {cost!r}")
 
 
+def check_real_dtype(dtype, name: str, what: str | None = None) -> None:
+    """TypeError naming ``name`` unless ``dtype`` is an int or float dtype (bools and complex refused):
+    the rule ``extra_cost`` and ``cost`` share."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_ or dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold ints or floats, got dtype {dtype}"
+                        + (f" ({what})" if what else ""))
+
+
+def _refuse_meta(tensor, name: str) -> None:
+    """ValueError naming ``name`` for a tensor on the meta device (it has a shape but no data to read)."""
+    if getattr(tensor, "is_meta", False):
+        raise ValueError(f"{name} is a meta tensor: meta tensors carry no data (shape and dtype only); pass a CPU "
+                         "or CUDA tensor")
+
+
 def as_extra_cost(extra_cost, n: int) -> np.ndarray | None:
     """Validates a per-sample extra cost (``extra_cost=`` of :func:`plan` and the samplers): None, or a float64 array
     of ``n`` finite values >= 0 (one per length). ValueError/TypeError naming ``extra_cost`` otherwise."""
@@ -323,6 +369,7 @@ def as_extra_cost(extra_cost, n: int) -> np.ndarray | None:
         return None
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(extra_cost, torch.Tensor):
+        _refuse_meta(extra_cost, "extra_cost")
         extra_cost = extra_cost.detach().cpu().numpy()
     if not isinstance(extra_cost, (np.ndarray, list, tuple)):
         raise TypeError(f"extra_cost must be a 1-D array of floats (one per length), got {type(extra_cost).__name__}")
@@ -332,8 +379,7 @@ def as_extra_cost(extra_cost, n: int) -> np.ndarray | None:
         raise ValueError(f"extra_cost must be a flat sequence of numbers: {e}") from None
     if array.size == 0:
         array = array.reshape(-1)
-    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
-        raise TypeError(f"extra_cost must hold ints or floats, got dtype {array.dtype}")
+    check_real_dtype(array.dtype, "extra_cost")
     if array.ndim != 1:
         raise ValueError(f"extra_cost must be 1-D, got shape {array.shape}")
     if len(array) != n:
@@ -420,6 +466,10 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
     array = as_lengths(lengths)
     capacity = _as_count(capacity, "capacity")
     dp_size = _as_count(dp_size, "dp_size")
+    limit = max(MAX_EMPTY_RANKS, len(array))
+    if dp_size > limit:  # the plan has dp_size bins per step: its size would be set by dp_size, not by the data
+        raise ValueError(f"dp_size={dp_size} is more than {limit} (max(2**16, number of sequences)); a plan holds "
+                         f"dp_size rows per step, so its size and time would be set by dp_size, not by the data")
     check_plan_choices(algorithm, overlong)
     a, b, cost_fn = _cost_model(cost)
     extra = as_extra_cost(extra_cost, len(array))
@@ -433,7 +483,9 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
         raise ValueError("lengths must fit in int64 after padding")
     planned = array if m == 1 else (array + m - 1) // m * m
     raw = _planner.plan(planned, capacity, algorithm, overlong, dp_size, a, b, cost_fn, extra)
-    if not np.all(np.isfinite(raw["rank_costs"])):  # finite item costs can still sum past float64 (NaN balance)
+    with np.errstate(over="ignore", invalid="ignore"):  # the total bounds every sum balance / rank_balance take
+        total = float(raw["rank_costs"].sum())
+    if not math.isfinite(total):  # finite item or row costs can still sum past float64 (NaN or 0.0 balance)
         raise ValueError("the cost model's per-row costs overflow float64 (each item's cost is finite, their sums "
                          "are not); scale the cost down, e.g. divide (a, b) or the callable's values by a constant")
     if m > 1:
