@@ -467,7 +467,7 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
     capacity = _as_count(capacity, "capacity")
     dp_size = _as_count(dp_size, "dp_size")
     limit = max(MAX_EMPTY_RANKS, len(array))
-    if dp_size > limit:  # the plan has dp_size bins per step: its size would be set by dp_size, not by the data
+    if limit < dp_size <= 2**24:  # above 2**24 the core's own range error; the plan has dp_size bins per step: its size would be set by dp_size, not by the data
         raise ValueError(f"dp_size={dp_size} is more than {limit} (max(2**16, number of sequences)); a plan holds "
                          f"dp_size rows per step, so its size and time would be set by dp_size, not by the data")
     check_plan_choices(algorithm, overlong)
