@@ -93,3 +93,21 @@ def test_huge_dp_size_refused_fast_and_small():
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB
     p = packkit.plan([3, 5], 10, algorithm="ogbfd", dp_size=8)  # more ranks than rows: empty bins, as before
     assert p.num_bins == 8 and p.empty_bins >= 6
+
+
+def test_pack_tree_rank_rows_partition_the_batch():
+    from packkit import shared_prefix as sp
+
+    prompt = [7, 8, 9, 10]
+    seqs = [prompt + [20 + i] * (i + 1) for i in range(6)] + [[50 + i] * 3 for i in range(4)]
+    batch, info = sp.pack_tree(seqs, capacity=16, dp_size=2)
+    rows = batch["input_ids"].shape[0]
+    assert info.dp_size == 2 and rows % 2 == 0
+    got = np.concatenate([info.rank(r) for r in range(2)])
+    assert sorted(got.tolist()) == list(range(rows))  # every row to exactly one rank
+    assert info.rank(1).tolist() == list(range(1, rows, 2))
+    for bad in (2, -1, True, 1.0):
+        with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\) \(dp_size=2\)"):
+            info.rank(bad)
+    _, one = sp.pack_tree(seqs, capacity=16)
+    assert one.rank(0).tolist() == list(range(len(one.plan.rows)))

@@ -6,6 +6,8 @@ node metadata and of the source tokens, then one op builds ``input_ids``, ``posi
 """
 from __future__ import annotations
 
+import numbers
+
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -70,6 +72,18 @@ class SharedPrefixInfo(NamedTuple):
     @property
     def num_sequences(self) -> int:
         return self.forest.num_sequences
+
+    @property
+    def dp_size(self) -> int:
+        return self.plan.plan.dp_size if self.plan.plan is not None else 1
+
+    def rank(self, r: int) -> np.ndarray:
+        """Rank ``r``'s rows of the packed batch (int64 row indices, one per step, step order: row ``s * dp_size + r``
+        is rank ``r``'s at step ``s``), as :meth:`packkit.rl.MicroBatches.rank`; e.g. ``batch["input_ids"][rows]``."""
+        dp = self.dp_size
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= r < dp:
+            raise ValueError(f"rank must be an int in [0, {dp}) (dp_size={dp}), got {r!r}")
+        return np.arange(int(r), len(self.plan.rows), dp, dtype=np.int64)
 
     pred = property(lambda self: self.index.get("pred"))
     target = property(lambda self: self.index.get("target"))
