@@ -53,6 +53,7 @@ def planted_results():
 
 @pytest.mark.parametrize("api, says", [
     ("planted.plan_alloc_by_dp", ("MemoryError", "crash", "hang")),  # sized by dp_size: over the 4 GiB limit
+    ("planted.plan_touch_by_dp", ("out of proportion to the data",)),  # 256 MB for dp_size: the sizes oracle
     ("planted.rows_until_nonempty", ("hang",)),  # an empty pass read again forever
     ("planted.plan_int_cast", ("accepted silently",)),  # capacity=2.5 ran as 2
 ])

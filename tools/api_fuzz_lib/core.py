@@ -95,6 +95,31 @@ def judge(api: Api, param: str, cls: str, label: str, expect: str) -> dict:
     except Exception as exc:  # noqa: BLE001 - a harness error is reported as such, never as a pass
         return {"outcome": "fail", "detail": f"harness: {type(exc).__name__}: {exc}"}
     words = (param, *api.aliases.get(param, ()))
+    out = _judged(api, kwargs, run, words, expect)
+    if cls == "sizes":  # issue 57: over a few tokens, work and memory are bounded by the data, not a size argument
+        cpu, grown = out.pop("_cpu", 0.0), out.pop("_grown_mb", 0.0)
+        if cpu > SIZES_CPU_S or grown > SIZES_MB:
+            return {"outcome": "fail", "detail": f"out of proportion to the data: {cpu:.2f} s CPU, +{grown:.0f} MB "
+                    f"for {param}={label} (allowed: < {SIZES_CPU_S} s, < {SIZES_MB} MB); was {out['detail']}"[:400]}
+    out.pop("_cpu", None), out.pop("_grown_mb", None)
+    return out
+
+
+SIZES_CPU_S, SIZES_MB = 0.5, 200  # the "sizes" oracle: per call over the baseline's few tokens
+
+
+def _judged(api: Api, kwargs: dict, run, words: tuple, expect: str) -> dict:
+    import resource
+    import time
+
+    rss0, cpu0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.process_time()
+    out = _judge_call(api, kwargs, run, words, expect)
+    out["_cpu"] = time.process_time() - cpu0
+    out["_grown_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    return out
+
+
+def _judge_call(api: Api, kwargs: dict, run, words: tuple, expect: str) -> dict:
     try:
         result = run(api, kwargs) if run else api.invoke(kwargs)
     except CLEAR as exc:

@@ -19,6 +19,12 @@ def plan_alloc_by_dp(lengths, capacity: int, *, dp_size: int = 1):
     return packkit.plan(lengths, capacity, dp_size=min(dp_size, 2**16) if per_rank.size else 1)
 
 
+def plan_touch_by_dp(lengths, capacity: int, *, dp_size: int = 1):
+    dp_size = check_int(dp_size, "dp_size", 1)
+    np.ones(min(dp_size, 2**28), np.int8)  # BUG: up to 256 MB touched for the argument, under the 4 GiB limit
+    return packkit.plan(lengths, capacity)
+
+
 def rows_until_nonempty(source, capacity: int = CAPACITY):
     capacity = check_int(capacity, "capacity", 1)
     rows = []
@@ -37,6 +43,8 @@ def _check_plan(plan, kw):
 
 def register(reg: dict) -> None:
     reg["planted.plan_alloc_by_dp"] = Api("planted.plan_alloc_by_dp", plan_alloc_by_dp,
+                                          lambda: dict(lengths=list(LENGTHS), capacity=CAPACITY), _check_plan)
+    reg["planted.plan_touch_by_dp"] = Api("planted.plan_touch_by_dp", plan_touch_by_dp,
                                           lambda: dict(lengths=list(LENGTHS), capacity=CAPACITY), _check_plan)
     reg["planted.rows_until_nonempty"] = Api(
         "planted.rows_until_nonempty", rows_until_nonempty, lambda: dict(source=[[1, 2, 3], [4, 5]]),
