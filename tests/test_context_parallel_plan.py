@@ -258,3 +258,11 @@ def test_summary_and_megatron_layout():
     for r in range(8):
         assert ids[0][r] == [i for _, _, seqs in plan.rank_passes(r) for i in seqs.tolist()]
         assert groups[0][r] == [lengths[i] for i in ids[0][r]]
+
+
+def test_few_sequences_run_one_after_another_on_the_whole_world():
+    """Two short sequences on 4 ranks (CI's hypothesis counterexample): side by side (13 tokens on 2 ranks, 7 on one,
+    a rank idle) took 1.55x the bound; one pass of both on all 4 ranks meets it."""
+    plan = plan_context_parallel([7, 13], 4, 256)
+    assert plan.makespan == pytest.approx(plan.lower_bound)
+    assert [list(r) for r, _ in plan.passes] == [[0, 1, 2, 3]]

@@ -224,7 +224,9 @@ CpPlan plan_context_parallel(const int64_t* lengths, const double* costs, int64_
   // Candidate plans: CP sizes widened towards a few target pass times (multiples of the bound), each built
   // and simulated; the shortest makespan wins. Identical size choices are built once.
   // Under the "pass" barrier every step lasts its longest pass, so the targets go down to a step's length too.
-  std::vector<double> multipliers = {1.0, 1.03, 1.1, 1.25, 1.5, 2.0, 3.0, std::numeric_limits<double>::infinity()};
+  // 0: every sequence at about its fastest size (few sequences: running them one after another, each on many
+  // ranks, beats running them side by side).
+  std::vector<double> multipliers = {1.0, 1.03, 1.1, 1.25, 1.5, 2.0, 3.0, std::numeric_limits<double>::infinity(), 0.0};
   if (opts.pass_barrier)
     for (double m = 0.5; m > 0.1; m *= 0.5) multipliers.push_back(m);
   CpPlan best;
