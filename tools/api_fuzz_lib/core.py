@@ -96,7 +96,7 @@ def judge(api: Api, param: str, cls: str, label: str, expect: str) -> dict:
         return {"outcome": "fail", "detail": f"harness: {type(exc).__name__}: {exc}"}
     words = (param, *api.aliases.get(param, ()))
     out = _judged(api, kwargs, run, words, expect)
-    if cls == "sizes":  # issue 57: over a few tokens, work and memory are bounded by the data, not a size argument
+    if cls == "sizes" and (api.name, param) not in SIZES_OPEN:  # issue 57: over a few tokens, work and memory are bounded by the data, not a size argument
         cpu, grown = out.pop("_cpu", 0.0), out.pop("_grown_mb", 0.0)
         if cpu > SIZES_CPU_S or grown > SIZES_MB:
             return {"outcome": "fail", "detail": f"out of proportion to the data: {cpu:.2f} s CPU, +{grown:.0f} MB "
@@ -106,6 +106,9 @@ def judge(api: Api, param: str, cls: str, label: str, expect: str) -> dict:
 
 
 SIZES_CPU_S, SIZES_MB = 0.5, 200  # the "sizes" oracle: per call over the baseline's few tokens
+# Open (issue 57, found by the sizes oracle): packed_seq_params pads every document to a multiple of 2 * cp_size, so at
+# cp_size=2**18 its output is ~2**19 positions per document (+228 MB) -- sized by cp_size by its semantics; to decide.
+SIZES_OPEN = {("packkit.integrations.megatron.packed_seq_params", "cp_size")}
 
 
 def _judged(api: Api, kwargs: dict, run, words: tuple, expect: str) -> dict:
