@@ -62,24 +62,32 @@ def _pa():
     return pa
 
 
-def select_columns(names: Sequence[str], columns: Optional[Sequence[str]]) -> list[str]:
-    """The columns to pack: all of ``names`` or exactly ``columns`` (validated; input_ids required)."""
-    names = list(names)
-    if columns is None:
-        chosen = names
-    else:
-        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-            raise TypeError(f"columns must be a list of column names, got {columns!r}")
-        chosen = list(dict.fromkeys(columns))
-        unknown = [c for c in chosen if c not in names]
-        if unknown:
-            raise ValueError(f"columns {unknown} are not in the dataset; its columns are {names}")
-    if "input_ids" not in chosen:
-        raise ValueError(f"the dataset must have an 'input_ids' column to pack (columns: {chosen})")
-    for name in RESERVED:
+def checked_column_names(names: Sequence[str], columns: Sequence[str]) -> list[str]:
+    """``columns`` (deduplicated, in the order given), each a column of ``names``; TypeError / ValueError otherwise."""
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise TypeError(f"columns must be a list of column names, got {columns!r}")
+    chosen = list(dict.fromkeys(columns))
+    unknown = [c for c in chosen if c not in names]
+    if unknown:
+        raise ValueError(f"columns {unknown} are not in the dataset; its columns are {list(names)}")
+    return chosen
+
+
+def refuse_reserved(chosen: Sequence[str], reserved: Sequence[str]) -> None:
+    """An input column pack_dataset would write (seq_lengths, position_ids) is an already-packed dataset."""
+    for name in reserved:
         if name in chosen:
             raise ValueError(f"input column {name!r} is reserved: pack_dataset writes it (is the dataset already "
                              f"packed?); leave it out with columns=[...]")
+
+
+def select_columns(names: Sequence[str], columns: Optional[Sequence[str]]) -> list[str]:
+    """The columns to pack: all of ``names`` or exactly ``columns`` (validated; input_ids required)."""
+    names = list(names)
+    chosen = names if columns is None else checked_column_names(names, columns)
+    if "input_ids" not in chosen:
+        raise ValueError(f"the dataset must have an 'input_ids' column to pack (columns: {chosen})")
+    refuse_reserved(chosen, RESERVED)
     return ["input_ids"] + [c for c in chosen if c != "input_ids"]
 
 

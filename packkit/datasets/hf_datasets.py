@@ -214,23 +214,17 @@ def _map_kwargs_paths(map_kwargs, keep_in_memory, cache_file_name):
 def pack_column_names(names: Sequence[str], columns: Optional[Sequence[str]], *, wrapped: bool,
                       position_ids: bool) -> list[str]:
     """The columns to pack, in the dataset's order (TRL keeps it): all of ``names`` or those of ``columns``."""
+    from .arrow_packing import checked_column_names, refuse_reserved
+
     names = list(names)
     if columns is None:
         chosen = names
     else:
-        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-            raise TypeError(f"columns must be a list of column names, got {columns!r}")
-        unknown = [c for c in dict.fromkeys(columns) if c not in names]
-        if unknown:
-            raise ValueError(f"columns {unknown} are not in the dataset; its columns are {names}")
-        chosen = [c for c in names if c in set(columns)]
+        keep = set(checked_column_names(names, columns))
+        chosen = [c for c in names if c in keep]
     if not chosen:
         raise ValueError(f"there is no column to pack (columns: {names})")
-    reserved = ([] if wrapped else ["seq_lengths"]) + (["position_ids"] if position_ids else [])
-    for name in reserved:
-        if name in chosen:
-            raise ValueError(f"input column {name!r} is reserved: pack_dataset writes it (is the dataset already "
-                             f"packed?); leave it out with columns=[...]")
+    refuse_reserved(chosen, ([] if wrapped else ["seq_lengths"]) + (["position_ids"] if position_ids else []))
     return chosen
 
 
