@@ -61,8 +61,18 @@ def check(batch, micro, idx, cap):
         assert int(batch["attention_mask"][torch.tensor(p, dtype=torch.long)].sum()) <= cap
 
 
+# verl's own function, read at collection (before any test runs): another test in the same worker (the docs page
+# docs/rl.md calls install()) may have pointed verl's module at packkit's for good.
+VERL_REARRANGE = sb.rearrange_micro_batches
+
+
+@pytest.fixture(autouse=True)
+def verl_own(monkeypatch):
+    monkeypatch.setattr(sb, "rearrange_micro_batches", VERL_REARRANGE)
+
+
 @pytest.fixture
-def installed(monkeypatch):
+def installed(monkeypatch, verl_own):
     """install() for one test: verl's module-level function is packkit's, put back afterwards."""
     monkeypatch.setattr(sb, "rearrange_micro_batches", sb.rearrange_micro_batches)
     pv.install()
