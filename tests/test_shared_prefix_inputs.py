@@ -406,10 +406,13 @@ def test_planning_functions_check_their_numbers():
         sp.tree_micro_batches(forest, 0)
     with pytest.raises(ValueError, match="unknown overlong policy 'split'"):
         sp.tree_micro_batches(forest, 8, overlong="split")
-    with pytest.raises(ValueError, match="cost callable must return one cost per length"):
+    with pytest.raises(ValueError, match=r"cost callable returned costs of shape \(\) for \d+ lengths; it must "
+                                         r"return one cost per length"):
         tree_costs(forest, lambda lengths: 5.0)  # a scalar would broadcast to every node
-    with pytest.raises(ValueError, match="non-decreasing"):
+    with pytest.raises(ValueError, match="returned a negative cost"):
         tree_costs(forest, lambda lengths: -lengths.astype(float))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        tree_costs(forest, lambda lengths: 9.0 - lengths.astype(float))
     squares = tree_costs(forest, lambda lengths: lengths.astype(float) ** 2)  # root L^2, each branch its own part
     assert squares.tolist() == [9.0 + (25 - 9) + (16 - 9), 4.0 + (9 - 4) + (16 - 4)]
     with pytest.raises(TypeError, match="cost must be"):

@@ -293,6 +293,25 @@ def _recorded_parts(batch, lengths, cap, minimum, divisor):
     return parts
 
 
+def _balance_mask(batch) -> torch.Tensor:
+    """batch.batch['attention_mask'] of a DataProto, checked before any work (a missing key was a KeyError)."""
+    td = getattr(batch, "batch", None)
+    if td is None or not hasattr(td, "keys"):
+        raise TypeError(f"batch must be a verl DataProto with a .batch TensorDict, got {type(batch).__name__}")
+    if "attention_mask" not in td.keys():
+        raise ValueError(f"balance_batch needs batch.batch['attention_mask'] (a [batch, seq] tensor, 1 at valid "
+                         f"tokens) to count each sequence's tokens; the batch has {sorted(td.keys())}")
+    mask = td["attention_mask"]
+    if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
+        raise ValueError(f"batch.batch['attention_mask'] must be a [batch, seq] tensor, got "
+                         f"{tuple(getattr(mask, 'shape', ()))}")
+    if mask.is_meta:
+        raise ValueError("batch.batch['attention_mask'] is a meta tensor: meta tensors carry no data")
+    if mask.is_complex():
+        raise TypeError(f"batch.batch['attention_mask'] must be a real tensor (1 at valid tokens), got {mask.dtype}")
+    return mask
+
+
 def balance_batch(batch, dp_size: int, max_token_len: int, *, cost=None, metrics=None,
                   logging_prefix: str = "global_seqlen"):
     """Replacement for ``RayPPOTrainer._balance_batch``: plan every rank's micro-batches at once.
@@ -304,7 +323,11 @@ def balance_batch(batch, dp_size: int, max_token_len: int, *, cost=None, metrics
     """
     seqlen_balancing, _ = _verl()
     max_token_len = _token_cap(max_token_len)  # an int, a float or a 0-d tensor, as rearrange_micro_batches takes
-    mask = batch.batch["attention_mask"]
+    mask = _balance_mask(batch)
+    if metrics is not None and not isinstance(metrics, dict):
+        raise TypeError(f"metrics must be a dict (verl's metrics) or None, got {type(metrics).__name__}")
+    if not isinstance(logging_prefix, str):
+        raise TypeError(f"logging_prefix must be a str, got {type(logging_prefix).__name__} {logging_prefix!r}")
     lengths_t = mask.view(mask.shape[0], -1).sum(-1).long()
     odd = ((mask != 0) & (mask != 1)).sum().reshape(1).long() if mask.dtype != torch.bool else lengths_t[:0]
     host = torch.cat((lengths_t, odd)).cpu().numpy()  # one device-to-host copy

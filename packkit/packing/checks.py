@@ -84,6 +84,47 @@ def check_separator(separator_id, ignore_index: int) -> int:
     return separator_id
 
 
+INT64_MAX = 2**63 - 1
+
+
+def refuse_meta(value, name: str) -> None:
+    """A meta tensor has a shape and a dtype but no values: name it here (torch's own error, at the first copy,
+    is a NotImplementedError that names nothing)."""
+    if isinstance(value, torch.Tensor) and value.is_meta:
+        raise ValueError(f"{name} is a meta tensor: meta tensors carry no data (shape and dtype only), and packing "
+                         f"reads token values; pass a CPU or CUDA tensor")
+
+
+def outside_int64(sequences) -> Optional[tuple]:
+    """On the error path only: ``(i, k, value, note)`` of the first token id beyond int64 (a uint64 id or a Python
+    int >= 2**63, which array('q') refuses as "int too big" and a cast would wrap to a negative id), else None."""
+    for i, s in enumerate(sequences):
+        if isinstance(s, np.ndarray) and s.dtype == np.uint64:
+            big = np.flatnonzero(s.reshape(-1) > INT64_MAX)
+            if len(big):
+                return i, int(big[0]), int(s.reshape(-1)[big[0]]), " (dtype uint64)"
+            continue
+        if isinstance(s, (str, bytes, torch.Tensor)) or not hasattr(s, "__iter__"):
+            continue
+        for k, v in enumerate(s):
+            if isinstance(v, (numbers.Integral, np.integer)) and not -2**63 <= int(v) <= INT64_MAX:
+                return i, k, int(v), ""
+    return None
+
+
+def int64_message(where: str, value: int, note: str = "") -> str:
+    return f"{where} is {value}{note}, outside int64: token ids must be in [0, 2**63 - 1]"
+
+
+def check_uint64_ids(flat: np.ndarray, name: str) -> np.ndarray:
+    """A flat uint64 array of token ids as int64, refusing (naming it) an id above int64's range: a plain cast
+    wrapped 2**64 - 1 to -1, then refused as a negative id."""
+    if flat.dtype == np.uint64 and flat.size and int(flat.max()) > INT64_MAX:
+        at = int(np.argmax(flat > INT64_MAX))
+        raise ValueError(int64_message(f"{name}[{at}]", int(flat[at]), " (dtype uint64)"))
+    return flat
+
+
 def integer_tokens(flat: torch.Tensor, name: str) -> torch.Tensor:
     """``flat`` as int64/int32 token values; TypeError for float, bool and complex tensors (a silent
     conversion would truncate 1.7 to 1 or read a mask as ids)."""

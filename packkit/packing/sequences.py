@@ -19,7 +19,7 @@ from .backend_check import HOST, auto_backend, on_host
 from .ops import cuda_kernels_status, has_cuda_kernels
 from .buffers import PackBuffers
 from .checks import (as_device, check_bool, check_fill, check_pack_scalars, check_padding, check_plan_covers,
-                     check_token_ids, integer_tokens)
+                     check_token_ids, int64_message, integer_tokens, outside_int64, refuse_meta)
 from .fields import check_policy, pack_fields, prepare_fields
 from .multimodal.mrope import check_mrope_start
 from .tensors import host_tensor, to_device
@@ -124,6 +124,7 @@ def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
         except (ValueError, TypeError, RuntimeError) as exc:
             raise TypeError(f"{name}: with lengths=, pass all tokens as one flat tensor or array (or a list of "
                             f"sequences without lengths=); got {type(sequences).__name__} ({exc})") from None
+        refuse_meta(sequences, name)
         if flat.dim() < 1:
             raise ValueError(f"{name}: a flat source must be at least 1-D, got a scalar")
         lengths = as_lengths(lengths)
@@ -141,6 +142,7 @@ def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
                         f"got {type(sequences).__name__}")
     if all(isinstance(s, torch.Tensor) for s in sequences) and sequences:
         for i, s in enumerate(sequences):
+            refuse_meta(s, f"{name}[{i}]")
             if s.dim() < 1:
                 raise ValueError(f"{name}[{i}] is a 0-d tensor; each sequence must be at least 1-D")
             if s.shape[1:] != sequences[0].shape[1:]:  # torch.cat would raise a RuntimeError
@@ -153,11 +155,16 @@ def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
         if isinstance(s, (str, bytes)) or not hasattr(s, "__len__"):
             raise TypeError(f"{name}[{i}] is a {type(s).__name__}; each sequence must be a list, array or tensor "
                             f"of token ids")
+        if type(s) is not list:  # lists (the common case) skip the tensor test
+            refuse_meta(s, f"{name}[{i}]")
         lengths[i] = len(s)
     try:  # array('q') rejects floats instead of truncating them (np.fromiter would truncate 1.5 to 1);
         # one array per sequence joined is ~2x faster than one array over a chained iterator.
         values = np.frombuffer(b"".join([array("q", s).tobytes() for s in sequences]), np.int64).copy()
     except (TypeError, ValueError, OverflowError) as exc:
+        big = outside_int64(sequences) if isinstance(exc, OverflowError) else None
+        if big:
+            raise ValueError(int64_message(f"{name}[{big[0]}][{big[1]}]", *big[2:])) from None
         raise TypeError(f"{name}: every element must be an integer token id ({exc})") from None
     return torch.from_numpy(values), lengths
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .. import _planner
+from ..planning.arg_rules import callback_costs
 from ..planning.planner import as_lengths, plan as make_plan
 
 CostLike = Union[str, tuple, Callable, object]
@@ -107,47 +108,8 @@ def _count(value, name, minimum=1):
 
 
 def _checked_costs(values, n: int, name: str) -> np.ndarray:
-    """What a cost callback (or array) gave, as float64 costs, checked: real numbers (no bool, complex, strings or
-    None), one per sequence, each finite and >= 0, and a finite sum (an overflowing cost gives an inf sum, hence a
-    NaN balance). ``name`` says which callback in the ValueError."""
-    if values is None:
-        raise ValueError(f"{name} returned None; it must return real costs (one number >= 0 per sequence)")
-    if isinstance(values, torch.Tensor):
-        if values.dtype == torch.bool or values.is_complex():
-            raise ValueError(f"{name} returned a {values.dtype} tensor; it must return real costs (one number >= 0 "
-                             "per sequence)")
-        values = values.detach().to("cpu", torch.float64).numpy()
-    else:
-        values = np.asarray(values)
-    if values.dtype.kind not in "iuf":
-        if values.dtype.kind == "O":
-            try:
-                values = values.astype(np.float64)
-            except (TypeError, ValueError):
-                values = None
-        if values is None or values.dtype.kind not in "iuf":
-            kind = "None" if values is None or values.dtype.kind == "O" else values.dtype.name
-            raise ValueError(f"{name} returned {kind}; it must return real costs (one number >= 0 per sequence, "
-                             "e.g. a float numpy array or tensor)")
-    if values.size != n or (values.ndim != 1 and sorted(values.shape)[:-1] != [1] * (values.ndim - 1)):
-        raise ValueError(f"{name} returned costs of shape {tuple(values.shape)} for {n} sequences; it must return one "
-                         "cost per sequence")
-    values = values.astype(np.float64, copy=False).reshape(-1)
-    finite = np.isfinite(values)
-    if not finite.all():
-        i = int(np.flatnonzero(~finite)[0])
-        raise ValueError(f"{name} returned a non-finite cost ({values[i]}) for sequence {i} ({int((~finite).sum())} "
-                         "in all): an overflow? scale the costs down")
-    if n and values.min() < 0:
-        i = int(np.flatnonzero(values < 0)[0])
-        raise ValueError(f"{name} returned a negative cost ({values[i]}) for sequence {i}; costs must be >= 0 (an "
-                         "integer overflow wraps to negative: compute in float64 or int64)")
-    with np.errstate(over="ignore"):
-        total = values.sum()
-    if not np.isfinite(total):
-        raise ValueError(f"{name} returned costs that sum to inf (the largest is {values.max():.3g}): the balance "
-                         "would be NaN; scale the costs down")
-    return values
+    """A cost callback's (or array's) values under the one rule every callback follows (``planning.arg_rules``)."""
+    return callback_costs(values, n, name)
 
 
 def item_costs(lengths: np.ndarray, cost) -> tuple:

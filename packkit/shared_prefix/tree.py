@@ -14,6 +14,7 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
+from ..packing.checks import check_uint64_ids, int64_message, outside_int64, refuse_meta
 from ..packing.sequences import flatten_sequences
 
 
@@ -99,7 +100,14 @@ def _sequence(value, name: str) -> torch.Tensor:
                         f"{type(value).__name__} {value!r:.40}")
     if isinstance(value, (list, tuple)) and bool in set(map(type, value)):
         raise TypeError(f"{name} holds a bool; token ids must be ints")
-    flat, _ = flatten_sequences([value], name=name)
+    refuse_meta(value, name)
+    try:
+        flat, _ = flatten_sequences([value], name=name)
+    except ValueError:
+        big = outside_int64([value])  # flatten named it name[0][k]: one sequence here
+        if big:
+            raise ValueError(int64_message(f"{name}[{big[1]}]", *big[2:])) from None
+        raise
     if flat.is_floating_point() or flat.is_complex() or flat.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer token ids, got dtype {flat.dtype}")
     if flat.dim() != 1:
@@ -129,11 +137,12 @@ def host_sequences(sequences, lengths=None, name: str = "sequences", *, token_id
     tree is built on the host."""
     if lengths is not None:
         if isinstance(sequences, torch.Tensor):
+            refuse_meta(sequences, name)
             if sequences.device.type != "cpu":
                 raise ValueError(f"{name} is on {sequences.device}: the tree is built on the host (reading a GPU "
                                  "tensor back would sync); pass host tokens")
             sequences = sequences.numpy()
-        flat = np.asarray(sequences)
+        flat = check_uint64_ids(np.asarray(sequences), name)
         if flat.ndim != 1:
             raise ValueError(f"{name}: with lengths=, pass all tokens as one flat 1-D array, got shape {flat.shape}")
         if flat.size and flat.dtype.kind not in "iu":
