@@ -14,6 +14,7 @@ from .packing import (LAYOUTS, PackBuffers, PackInfo, PackLayout, mrope_position
                       pack_sequences, unpack_sequences)
 from .models import packing_support, prepare_model, unprepare_model  # per-family verdicts, stand-ins
 from .context_parallel import pack_context_parallel, shard_context_parallel, unshard_context_parallel
+from .context_parallel import iter_context_parallel, pack_context_parallel_pass  # a dynamic CP plan's passes
 from .training import (PackedBatchSampler, PackedIterableDataset, PackingCollator, document_causal_block_mask,
                        register_varlen_attention, varlen_attention_forward)
 from .datasets import PackedRowsCollator, PackReport, pack_dataset  # datasets/pyarrow/ray load on first call
@@ -28,4 +29,4 @@ __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "pack_
            "register_varlen_attention", "varlen_attention_forward",
            "shard_context_parallel", "unshard_context_parallel", "pack_context_parallel",
            "prepare_model", "unprepare_model", "packing_support",
-           "plan_context_parallel", "ContextParallelPlan"]
+           "plan_context_parallel", "ContextParallelPlan", "pack_context_parallel_pass", "iter_context_parallel"]

@@ -142,7 +142,8 @@ PUBLIC_API = ["ALGORITHMS", "LAYOUTS", "OVERLONG_POLICIES", "PLAN_ERRORS", "Pack
               "register_varlen_attention",
               "shard_context_parallel", "transformer_cost", "unpack_sequences", "unprepare_model", "vision_cost",
               "unshard_context_parallel",
-              "varlen_attention_forward", "plan_context_parallel", "ContextParallelPlan"]
+              "varlen_attention_forward", "plan_context_parallel", "ContextParallelPlan", "pack_context_parallel_pass",
+              "iter_context_parallel"]
 
 
 def test_public_api_is_unchanged():

@@ -1,12 +1,14 @@
 """Registration of ``packkit.plan_context_parallel`` (dynamic context parallelism): a valid baseline, its invariant
 checker (every sequence once and whole, groups inside the world, each pass's local tokens within its ranks' cap, the
-makespan at or above the certified bound) and the degenerate variants."""
+makespan at or above the certified bound) and the degenerate variants; and of a pass's batches
+(``pack_context_parallel_pass`` / ``iter_context_parallel``): the whole group's tokens, each once."""
 from __future__ import annotations
 
 import numpy as np
 
 import packkit
 
+from .checks import check_tokens, sources
 from .core import Api, Variant
 
 LENGTHS = [100, 5000, 20000, 300, 7000, 0, 64]
@@ -48,6 +50,53 @@ def plan_context_parallel_api() -> Api:
                            lambda kw: {**kw, "max_tokens_per_rank": 2**62})])
 
 
+PASS_LENGTHS = [40, 3, 9, 0, 5, 7, 11, 6]  # on 4 ranks at 12 local tokens: passes of cp 4 (the 40), 2 and 1
+
+
+def _pass_plan():
+    return packkit.plan_context_parallel(PASS_LENGTHS, 4, 12, cp_comm=5.0, pass_overhead=1.0)
+
+
+def _check_group(kw, index, batch_of):
+    """The pass's documents' tokens, each once, across its group's batches (``batch_of(rank)``)."""
+    plan = kw["plan"]
+    ranks, docs = plan.passes[index]
+    parts = [batch_of(r)["input_ids"].reshape(-1) for r in ranks]
+    src = sources(PASS_LENGTHS)
+    check_tokens(np.concatenate([p.cpu().numpy() for p in parts]), [src[i] for i in docs.tolist()],
+                 kw.get("pad_token_id", 0))
+
+
+def pass_batch_api() -> Api:
+    def check(out, kw):
+        batch = out[0] if isinstance(out, tuple) else out
+        ranks, _ = kw["plan"].passes[kw["pass_index"]]
+        assert batch["local_cp_size"] == len(ranks) and batch["cp_rank"] == kw["rank"] - ranks.start
+        _check_group(kw, kw["pass_index"], lambda r: packkit.pack_context_parallel_pass(
+            **{**kw, "rank": r, "return_info": False}))
+
+    return Api("packkit.pack_context_parallel_pass", packkit.pack_context_parallel_pass,
+               lambda: dict(sequences=sources(PASS_LENGTHS), plan=_pass_plan(), pass_index=0, rank=1), check,
+               variants=[Variant("degenerate", "rank", "a rank the pass does not name", "refuse",
+                                 lambda kw: {**kw, "pass_index": kw["plan"].num_passes - 1,
+                                             "rank": next(r for r in range(4) if r not in kw["plan"].passes[-1][0])}),
+                         Variant("stale", "sequences", "one sequence short", "refuse",
+                                 lambda kw: {**kw, "sequences": kw["sequences"][:-1]})])
+
+
+def iter_pass_api() -> Api:
+    def check(out, kw):
+        got = list(out)
+        assert [i for i, _ in got] == [i for i, (r, _) in enumerate(kw["plan"].passes) if kw["rank"] in r]
+        for index, batch in got:
+            assert batch["cp_rank"] == kw["rank"] - kw["plan"].passes[index][0].start
+
+    return Api("packkit.iter_context_parallel", packkit.iter_context_parallel,
+               lambda: dict(sequences=sources(PASS_LENGTHS), plan=_pass_plan(), rank=2), check,
+               variants=[Variant("stale", "plan", "a packing plan, not a CP plan", "refuse",
+                                 lambda kw: {**kw, "plan": packkit.plan(PASS_LENGTHS, 64)})])
+
+
 def register(reg: dict) -> None:
-    api = plan_context_parallel_api()
-    reg[api.name] = api
+    for api in (plan_context_parallel_api(), pass_batch_api(), iter_pass_api()):
+        reg[api.name] = api
