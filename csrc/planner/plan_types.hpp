@@ -151,6 +151,10 @@ struct PlanOptions {
   // false: when every item is a whole sequence, leave PlanResult::seg_start empty (all starts are
   // 0) for a caller that supplies lazily zeroed memory instead of 8 written bytes per item.
   bool fill_identity_starts = true;
+  // Heterogeneous ranks (ogbfd only; empty = every rank has `capacity` and speed 1): rank i's rows hold at most
+  // rank_capacity[i] tokens (capacity is then their maximum) and run at relative speed rank_speed[i].
+  std::vector<int64_t> rank_capacity;
+  std::vector<double> rank_speed;
 };
 
 // The finished plan in CSR form: bin b holds segments [bin_offsets[b], bin_offsets[b+1]).

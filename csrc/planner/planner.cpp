@@ -5,6 +5,7 @@
 #include <string>
 
 #include "dp_layout.hpp"
+#include "hetero_steps.hpp"
 #include "overlong.hpp"
 #include "packers.hpp"
 
@@ -166,6 +167,32 @@ void emit_slots(PlanResult& plan, const Items& items, Slots& slots, const std::v
   }
 }
 
+// rank_costs is per row, step-major: [num_steps, dp_size].
+void finish_steps(PlanResult& plan, int64_t dp_size) {
+  const int64_t num_bins = plan.num_bins();
+  plan.num_steps = num_bins / dp_size;
+  for (int64_t b = 0; b < num_bins; ++b)
+    if (plan.bin_offsets[static_cast<size_t>(b)] == plan.bin_offsets[static_cast<size_t>(b) + 1]) ++plan.empty_bins;
+}
+
+// Per-rank capacities and speeds (the Python layer validates them first; this keeps the core safe on its own).
+void check_ranks(const PlanOptions& opts) {
+  if (opts.rank_capacity.empty()) return;
+  if (opts.algorithm != Algorithm::GroupedBestFit)
+    throw InvalidInput("per-rank capacities and speeds are planned by ogbfd only");
+  if (static_cast<int64_t>(opts.rank_capacity.size()) != opts.dp_size ||
+      static_cast<int64_t>(opts.rank_speed.size()) != opts.dp_size)
+    throw InvalidInput("rank_capacity and rank_speed must have dp_size entries");
+  int64_t most = 0;
+  for (size_t r = 0; r < opts.rank_capacity.size(); ++r) {
+    if (opts.rank_capacity[r] <= 0) throw InvalidInput("every rank capacity must be > 0");
+    if (!(std::isfinite(opts.rank_speed[r]) && opts.rank_speed[r] > 0))
+      throw InvalidInput("every rank speed must be finite and > 0");
+    most = std::max(most, opts.rank_capacity[r]);
+  }
+  if (most != opts.capacity) throw InvalidInput("capacity must be the largest rank capacity");
+}
+
 }  // namespace
 
 PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts, const ItemCostFn& item_cost_fn,
@@ -185,6 +212,7 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
         throw InvalidInput("extra_cost[" + std::to_string(i) + "] is " + std::to_string(extra_cost[i]) +
                            "; every extra cost must be finite and >= 0");
 
+  check_ranks(opts);
   PlanResult plan;
   plan.dp_size = opts.dp_size;
   const Items items = make_items(lengths, n, opts.capacity, opts.overlong, plan.report);
@@ -196,8 +224,15 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
         throw InvalidInput("the kept lengths sum to more than 2^63 - 1 tokens; plan in chunks");
   }
 
-  const BinAssignment bins = pack_bins(items, opts);
   const bool per_item = item_cost_fn || extra_cost;  // costs no function of length alone
+  if (!opts.rank_capacity.empty()) {
+    const std::vector<double> costs = item_costs(items, opts, item_cost_fn, extra_cost);
+    Slots slots = hetero_steps(items.length, items.count, costs, opts.rank_capacity, opts.rank_speed);
+    emit_slots(plan, items, slots, costs);
+    finish_steps(plan, opts.dp_size);
+    return plan;
+  }
+  const BinAssignment bins = pack_bins(items, opts);
   if (opts.dp_size == 1) {  // ogbfd with one rank is obfd
     const std::vector<double> custom =
         per_item ? item_costs(items, opts, item_cost_fn, extra_cost) : std::vector<double>{};
@@ -211,11 +246,7 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
     emit_slots(plan, items, slots, costs);
   }
 
-  // rank_costs is per row, step-major: [num_steps, dp_size].
-  const int64_t num_bins = plan.num_bins();
-  plan.num_steps = num_bins / opts.dp_size;
-  for (int64_t b = 0; b < num_bins; ++b)
-    if (plan.bin_offsets[static_cast<size_t>(b)] == plan.bin_offsets[static_cast<size_t>(b) + 1]) ++plan.empty_bins;
+  finish_steps(plan, opts.dp_size);
   return plan;
 }
 

@@ -17,6 +17,7 @@ import numpy as np
 from .. import _planner
 from .balance_bound import step_balance_lower_bound
 from .float_plan import FLOAT_ALGORITHMS, float_plan, float_sizes, integer_requirement, is_float_capacity
+from .hetero_ranks import check_hetero, is_per_rank, rank_capacities, rank_speeds
 
 ALGORITHMS = ("nf", "ffd", "bfd", "obfd", "ogbfd")
 OVERLONG_POLICIES = ("error", "drop", "truncate", "split")
@@ -48,17 +49,27 @@ class Plan:
         zero_length: source indices of zero-length sequences; they occupy no tokens and are in no bin.
         num_steps, rank_costs: with ``dp_size`` ranks, bin ``s * dp_size + r`` is rank ``r``'s row at
             step ``s``; ``rank_costs`` is float64 ``[num_steps, dp_size]`` under the cost model.
-        balance: ``sum over steps of max rank cost / sum over steps of mean rank cost`` (>= 1; the
-            time a synchronous step waits for its slowest rank, relative to perfect balance).
-        rank_balance: ``max / mean`` of each rank's total cost over all steps (>= 1).
+        balance: ``sum over steps of max rank time / sum over steps of mean rank time`` (>= 1; the
+            time a synchronous step waits for its slowest rank, relative to perfect balance); a rank's time is
+            its row's cost / its ``rank_speed`` (1 unless given).
+        rank_balance: ``max / mean`` of each rank's total time over all steps (>= 1).
+        rank_capacity, rank_speed: per-rank token caps and speeds (int64 / float64 ``[dp_size]``); without
+            per-rank ones, ``capacity`` and 1 for every rank.
+        steps_lower_bound: ``ceil(kept_tokens / sum(rank_capacity))``, the fewest steps any plan could use.
         balance_lower_bound: no plan of the same items into at most ``num_steps`` steps has a lower
             ``balance`` (certified; see :mod:`packkit.balance_bound`). None for callable costs and with
             ``extra_cost``.
     """
 
     def __init__(self, raw: dict, *, capacity: int, algorithm: str, overlong: str, dp_size: int, num_sequences: int,
-                 cost_ab: tuple | None = (1.0, 0.0), pad_to_multiple_of: int = 1):
+                 cost_ab: tuple | None = (1.0, 0.0), pad_to_multiple_of: int = 1, rank_capacity=None,
+                 rank_speed=None):
         self.capacity = capacity
+        self.heterogeneous = rank_capacity is not None  # per-rank caps or speeds: ogbfd's time-balanced steps
+        self.rank_capacity = np.full(dp_size, capacity, np.int64) if rank_capacity is None else rank_capacity
+        self.rank_speed = np.ones(dp_size) if rank_speed is None else rank_speed
+        self.rank_capacity.flags.writeable = False
+        self.rank_speed.flags.writeable = False
         self.pad_to_multiple_of = pad_to_multiple_of  # segments planned at lengths rounded up to this
         self.cost_ab = cost_ab  # (a, b) of the cost model, None for a callable
         self.algorithm = algorithm
@@ -144,7 +155,18 @@ class Plan:
 
     @property
     def efficiency(self) -> float:
+        if self.heterogeneous:  # each step offers sum(rank_capacity) tokens
+            return self.kept_tokens / (self.num_steps * int(self.rank_capacity.sum())) if self.num_steps else 1.0
         return self.kept_tokens / (self.num_bins * self.capacity) if self.num_bins else 1.0
+
+    @property
+    def steps_lower_bound(self) -> int:
+        return -(-self.kept_tokens // int(self.rank_capacity.sum()))
+
+    @property
+    def rank_times(self) -> np.ndarray:
+        """float64 ``[num_steps, dp_size]``: each row's cost / its rank's speed."""
+        return self.rank_costs / self.rank_speed
 
     @cached_property
     def bins(self) -> list[np.ndarray]:
@@ -167,19 +189,20 @@ class Plan:
     def balance(self) -> float:
         if self.num_steps == 0:
             return 1.0
-        mean_total = float(self.rank_costs.mean(axis=1).sum())
-        return float(self.rank_costs.max(axis=1).sum()) / mean_total if mean_total > 0 else 1.0
+        times = self.rank_times
+        mean_total = float(times.mean(axis=1).sum())
+        return float(times.max(axis=1).sum()) / mean_total if mean_total > 0 else 1.0
 
     @property
     def rank_balance(self) -> float:
-        totals = self.rank_costs.sum(axis=0)
+        totals = self.rank_times.sum(axis=0)
         return float(totals.max() / totals.mean()) if self.num_steps and totals.mean() > 0 else 1.0
 
     @cached_property
     def balance_lower_bound(self) -> float | None:
         """Certified lower bound on :attr:`balance` over every plan of these items with at most
         :attr:`num_steps` steps (so ``balance / balance_lower_bound`` is the most left to gain)."""
-        if self.cost_ab is None:
+        if self.cost_ab is None or self.heterogeneous:  # the bound's relaxation assumes identical ranks
             return None
         return step_balance_lower_bound(self.padded_lengths, self.capacity, self.dp_size, self.num_steps,
                                         *self.cost_ab)
@@ -220,7 +243,9 @@ class Plan:
         }
         if self.dp_size > 1:
             out.update(steps=self.num_steps, balance=self.balance, rank_balance=self.rank_balance,
-                       balance_lower_bound=self.balance_lower_bound)
+                       balance_lower_bound=self.balance_lower_bound, steps_lower_bound=self.steps_lower_bound)
+        if self.heterogeneous:
+            out.update(rank_capacity=self.rank_capacity.tolist(), rank_speed=self.rank_speed.tolist())
         return out
 
     def __repr__(self) -> str:
@@ -417,14 +442,15 @@ def _float_input(lengths, capacity, float_lengths: bool) -> str:
 
 def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_size: int = 1,
          cost: CostSpec = "tokens", overlong: str = "error", pad_to_multiple_of: int | None = None,
-         extra_cost=None) -> Plan:
+         extra_cost=None, rank_speed=None) -> Plan:
     """Bin-pack sequence ``lengths`` into rows of ``capacity`` tokens.
 
     Args:
         lengths: list, tuple, numpy array or 1-D integer tensor of non-negative lengths. Float sizes (or a float
             ``capacity``) are packed by ``nf`` / ``ffd`` / ``bfd`` with LightBinPack's semantics into a
             :class:`~packkit.planning.float_plan.FloatPlan` (bins only); ``obfd`` / ``ogbfd`` raise TypeError.
-        capacity: tokens per row (> 0).
+        capacity: tokens per row (> 0), or one per rank (a list of ``dp_size`` ints: heterogeneous ranks, with
+            ``algorithm="ogbfd"``; rank ``i``'s row at every step fits ``capacity[i]``).
         algorithm: ``nf`` (next fit, input order), ``ffd``, ``bfd``, ``obfd`` (counting sort +
             bitmap best fit; default) or ``ogbfd`` (data-parallel steps balanced under ``cost``: the
             best of three step layouts, each with at most obfd's rows + ``dp_size`` non-empty rows).
@@ -451,7 +477,18 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
             cost's units), e.g. the vision tower's FLOPs of a sample's images
             (:func:`packkit.vision_cost`); with ``"split"`` it goes with the first piece. ``rank_costs`` and
             the ogbfd balance include it. ``None`` (default) or all zeros: the plan of ``cost`` alone.
+        rank_speed: one relative throughput per rank (``dp_size`` finite reals > 0; a mixed H100 / A100 pool),
+            with ``algorithm="ogbfd"``: a row's time is its cost / its rank's speed and steps are balanced in
+            time (``balance`` and ``rank_balance`` are in time). ``None``: every rank speed 1.
     """
+    caps = speeds = None  # caps: per-rank capacities when the ranks differ (speeds: whenever given)
+    if rank_speed is not None or is_per_rank(capacity):  # heterogeneous ranks (hetero_ranks.py)
+        dp_size = _as_count(dp_size, "dp_size")
+        caps = rank_capacities(capacity if is_per_rank(capacity) else _as_count(capacity, "capacity"), dp_size)
+        speeds = rank_speeds(rank_speed, dp_size)
+        capacity = int(caps.max())
+        if (caps == capacity).all() and (speeds == speeds[0]).all():
+            caps = None  # identical ranks: ogbfd's own layouts (a common speed does not move a balance)
     sizes = float_sizes(lengths)
     if sizes is not None or is_float_capacity(capacity):  # real-valued sizes: nf / ffd / bfd only (float_plan.py)
         check_plan_choices(algorithm, overlong)
@@ -479,10 +516,13 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
     if capacity % m:
         raise ValueError(f"capacity={capacity} must be a multiple of pad_to_multiple_of={m} (every row's padded "
                          f"documents must fill it exactly)")
+    if caps is not None:
+        check_hetero(algorithm, caps, m)
     if m > 1 and array.size and int(array.max()) > np.iinfo(np.int64).max - m:
         raise ValueError("lengths must fit in int64 after padding")
     planned = array if m == 1 else (array + m - 1) // m * m
-    raw = _planner.plan(planned, capacity, algorithm, overlong, dp_size, a, b, cost_fn, extra)
+    raw = _planner.plan(planned, capacity, algorithm, overlong, dp_size, a, b, cost_fn, extra,
+                        [] if caps is None else caps.tolist(), [] if caps is None else speeds.tolist())
     with np.errstate(over="ignore", invalid="ignore"):  # the total bounds every sum balance / rank_balance take
         total = float(raw["rank_costs"].sum())
     if not math.isfinite(total):  # finite item or row costs can still sum past float64 (NaN or 0.0 balance)
@@ -492,7 +532,7 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
         raw = _unpad_segments(raw, array)
     return Plan(raw, capacity=capacity, algorithm=algorithm, overlong=overlong, dp_size=dp_size,
                 num_sequences=len(array), cost_ab=None if cost_fn is not None or extra is not None else (a, b),
-                pad_to_multiple_of=m)
+                pad_to_multiple_of=m, rank_capacity=caps, rank_speed=speeds)
 
 
 def _unpad_segments(raw: dict, lengths: np.ndarray) -> dict:
