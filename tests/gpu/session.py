@@ -11,9 +11,9 @@ files beside it that the steps write as they run, so a call killed at its limit 
 3. ``diagnose``  only if a backend crashed: the stable-ABI bisect (tests/gpu/abi_bisect: its table goes into the
                  step's row), run.sh diagnose (toolchain, throw probe, cuda-gdb backtraces), torch's build facts,
                  a build from source here and the same self-check; then the session stops
-4. ``tests``     tests/gpu and every CUDA / compiled-Triton case of the pack, out-variant, context-parallel,
-                 tree-pack, shared-prefix and training-semantics tests: pytest-xdist, a per-test timeout, failures
-                 listed by name
+4. ``tests``     tests/gpu and every CUDA / compiled-Triton case of the pack, out-variant, context-parallel (static
+                 and per pass of a dynamic plan), tree-pack, shared-prefix and training-semantics tests:
+                 pytest-xdist, a per-test timeout, failures listed by name
 5. ``bench``     benchmarks/bench_pack_gpu.py --quick (its rows go into the step's row)
 6. ``prefix``    the shared-prefix training step (benchmarks/bench_shared_prefix.py, bf16) and packkit_varlen /
                  FlexAttention steps of a tiny Llama against per-sample references
@@ -46,7 +46,8 @@ MIN_START = {"tests": 30, "bench": 25, "prefix": 20, "memcheck": 20}  # below th
 RESERVE_S = 5  # kept for writing the JSON after the last step
 MAX_LOG_BYTES = 15 << 20  # the device returns files up to 16 MiB
 DEVICE_TEST_FILES = ("tests/gpu", "tests/test_pack_ops.py", "tests/test_pack_out_ops.py", "tests/test_pack_sequences.py",
-                     "tests/test_context_parallel.py", "tests/test_cp_fused.py", "tests/test_tree_pack.py",
+                     "tests/test_context_parallel.py", "tests/test_cp_fused.py", "tests/test_context_parallel_pass.py",
+                     "tests/test_tree_pack.py",
                      "tests/test_shared_prefix_inputs.py", "tests/test_training_semantics.py")
 
 
