@@ -74,9 +74,8 @@ def reference_pass(seqs, labels, plan, index, rank, pad_id=0):
         cu.append(cu[-1] + n)
     c = len(ranks)
     mode = "zigzag" if c > 1 else "contiguous"
-    ref, local_cu, padded_cu = reference_shard(torch.tensor(ids, dtype=torch.int64), torch.tensor(lab, dtype=torch.int64),
-                                               torch.tensor(pos, dtype=torch.int64), cu, c, rank - ranks.start, mode,
-                                               pad_id)
+    ids, lab, pos = (torch.tensor(x, dtype=torch.int64) for x in (ids, lab, pos))
+    ref, local_cu, padded_cu = reference_shard(ids, lab, pos, cu, c, rank - ranks.start, mode, pad_id)
     return ref, (local_cu if c > 1 else cu), (padded_cu if c > 1 else cu)
 
 
@@ -106,13 +105,17 @@ def test_every_pass_and_rank_matches_the_reference_bit_for_bit(backend, sizes):
                     assert torch.equal(value, out[key].cpu()) if torch.is_tensor(value) else value == out[key], key
 
 
+@pytest.mark.parametrize("source", ["host", "device"])
 @pytest.mark.parametrize("backend", [pytest.param("cuda", marks=gpu_gate.needs_cuda_kernels),
                                      pytest.param("triton", marks=gpu_gate.needs_triton_gpu)])
-def test_a_pass_on_the_gpu_needs_no_host_sync(backend):
+def test_a_pass_on_the_gpu_needs_no_host_sync(backend, source):
+    """Sequences from the host (a loader's) or already on the GPU: sizes come from the plan, never a read-back."""
     plan = mixed_plan()
     seqs, labels = make_sources(2)
-    seqs, labels = [s.cuda() for s in seqs], [s.cuda() for s in labels]
-    run = lambda: packkit.pack_context_parallel_pass(seqs, plan, 2, 5, labels=labels, backend=backend)  # noqa: E731
+    if source == "device":
+        seqs, labels = [s.cuda() for s in seqs], [s.cuda() for s in labels]
+    run = lambda: packkit.pack_context_parallel_pass(seqs, plan, 2, 5, labels=labels, device="cuda",  # noqa: E731
+                                                     backend=backend)
     run()  # warm up: Triton compilation, the allocator
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
