@@ -334,11 +334,14 @@ def fp64_llamas(monkeypatch):
     from model_zoo import fp64_everywhere
 
     AttentionInterface.register("packkit_cp_pass_ring", _ring_llama_attention)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: threads only add contention
     ring = tiny_llama(seed=0, attn="packkit_cp_pass_ring", dtype=torch.float64)
     reference = tiny_llama(seed=0, attn="sdpa", dtype=torch.float64)
-    fp64_everywhere(ring, monkeypatch)  # RMSNorm / rotary cast to fp32 otherwise: fp32 rounding in the comparison
-    return ring, reference
+    # Patches the Llama classes both models share: RMSNorm / rotary would round to fp32 in the comparison otherwise.
+    fp64_everywhere(ring, monkeypatch)
+    yield ring, reference
+    torch.set_num_threads(threads)
 
 
 def _loss_and_grads(model, run):
