@@ -99,10 +99,23 @@ def preload() -> None:
             pass
 
 
+# Parameters that take a user callback (a cost callable on an array of lengths): the "callback" class feeds each a
+# callable returning complex / NaN / inf / negative / wrong-length / wrong-dtype values (values.callback_draws), which
+# must be refused naming the parameter; drawn even where the parameter's other values are skipped.
+CALLBACKS = {name: ("cost",) for name in (
+    "packkit.plan", "packkit.PackedBatchSampler", "packkit.plan_context_parallel", "packkit.pack_dataset",
+    "packkit.rl.micro_batches", "packkit.shared_prefix.pack_groups", "packkit.shared_prefix.pack_tree",
+    "packkit.shared_prefix.plan_trees", "packkit.shared_prefix.tree_costs", "packkit.shared_prefix.tree_micro_batches",
+    "packkit.integrations.torchtitan.BalancedDocumentStream", "packkit.integrations.verl.balance_batch")}
+
+
 def build() -> dict:
     reg: dict = {}
     for module in (reg_core, reg_rl_sp, reg_more, reg_extra, reg_cp_plan):
         module.register(reg)
+    for name, params in CALLBACKS.items():
+        if name in reg:
+            reg[name].callbacks = params
     return reg
 
 

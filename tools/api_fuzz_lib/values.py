@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-CLASSES = ("sizes", "numeric", "device", "degenerate", "stale", "determinism")
+CLASSES = ("sizes", "numeric", "device", "degenerate", "stale", "determinism", "callback")
 
 # Names of counts whose work and memory must stay bounded by the data whatever their value.
 _COUNT = re.compile(r"(size|capacity|num_|rows|_len$|len_|length$|max_|buffer|workers|steps|micro|world|dp_|cp_|"
@@ -109,8 +109,8 @@ def _numeric_strings() -> list:
         [Value(t, (lambda t=t: t), "refuse") for t in ("nan", "inf", "1.5x", "", "0x10")]
 
 
-def draws(param: inspect.Parameter, base) -> list:
-    """[(cls, Value)] for one parameter whose baseline value is ``base``."""
+def drawn_kind(param: inspect.Parameter, base) -> str:
+    """kind_of, refined by the baseline value of an unannotated parameter."""
     kind = kind_of(param)
     if kind == "data" and isinstance(base, bool):
         kind = "bool"
@@ -118,6 +118,12 @@ def draws(param: inspect.Parameter, base) -> list:
         kind = "count" if _COUNT.search(param.name) else "int"
     elif kind == "data" and isinstance(base, float):
         kind = "real"
+    return kind
+
+
+def draws(param: inspect.Parameter, base) -> list:
+    """[(cls, Value)] for one parameter whose baseline value is ``base``."""
+    kind = drawn_kind(param, base)
     num = base if isinstance(base, (int, float)) and not isinstance(base, bool) else 1
     out = []
     if kind == "choice" and isinstance(base, str) and re.fullmatch(r"-?[0-9.]+", base):
@@ -140,3 +146,32 @@ def draws(param: inspect.Parameter, base) -> list:
         out += [("device", Value("torch.complex64", lambda: torch.complex64, "refuse")),
                 ("device", Value("'bogus'", lambda: "bogus", "refuse"))]
     return out
+
+
+def _real(x) -> np.ndarray:
+    return np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x, np.float64).reshape(-1)
+
+
+# What a user callback (a cost callable on an array of lengths) may return wrongly (issue 57): each must be refused,
+# naming the callback's parameter. Built from the input so the length is right unless the label says otherwise.
+_RETURNS = {
+    "complex": lambda x: _real(x) + 1j,
+    "nan": lambda x: np.full(len(_real(x)), np.nan),
+    "inf": lambda x: np.full(len(_real(x)), np.inf),
+    "negative": lambda x: -1.0 - _real(x),
+    "short": lambda x: _real(x)[:-1] if len(_real(x)) else np.ones(1),
+    "long": lambda x: np.concatenate([_real(x), [1.0]]),
+    "bool": lambda x: _real(x) > 0,
+    "str": lambda x: _real(x).astype(str),
+    "None": lambda x: None,
+    "tensor complex": lambda x: torch.from_numpy(_real(x)) + 1j,
+    "tensor nan": lambda x: torch.full((len(_real(x)),), float("nan")),
+    "overflow": lambda x: np.full(len(_real(x)), 1.7e308),
+}
+
+
+def callback_draws() -> list:
+    """[(cls, Value)] of the bad returns: ``make()`` gives the callable. An overflowing sum (1.7e308 each) may also be
+    a result (one sequence: no sum), so it is "either"."""
+    return [("callback", Value(f"returns {label}", (lambda f=f: (lambda x, *a, **k: f(x))),
+                               "either" if label == "overflow" else "refuse")) for label, f in _RETURNS.items()]
