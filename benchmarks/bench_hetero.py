@@ -11,8 +11,9 @@ Workloads (seeded): LightBinPack's bench_balance.py lengths (``np.random.seed(0)
 them); the same over 8 ranks 40k x 4 + 20k x 4 (speeds 2/1); and a lognormal SFT-like profile (median 1k, to 8k)
 over 16k/16k/8k/8k. Figures: steps and the fewest any plan needs (``ceil(tokens / sum(capacity))``); time balance
 (``sum over steps of the slowest rank's time / sum over steps of the mean``, a row's time being its sum of
-``len**2`` / its rank's speed: LightBinPack's own ohgbfd weight); planning ms, median of 5 after a warm-up,
-``gc.collect()`` before each (ohgbfd from a Python list, as its API takes; packkit from the int64 array).
+``len**2`` / its rank's speed: LightBinPack's own ohgbfd weight); planning ms, median of 7 after a warm-up, the
+two interleaved, ``gc.collect()`` before each (ohgbfd from a Python list, as its API takes; packkit from the int64
+array); time ratio: the median of packkit / ohgbfd per pair.
 Results: ``benchmarks/results/hetero_cpu.json``.
 """
 from __future__ import annotations
@@ -62,20 +63,29 @@ def check(steps, lengths, caps) -> None:
 def run(name, lengths, caps, speeds, repeats) -> dict:
     row = {"workload": name, "sequences": len(lengths), "capacity": caps, "rank_speed": speeds,
            "steps_bound": int(-(-int(lengths.sum()) // sum(caps)))}
-    call = lambda: packkit.plan(lengths, caps, algorithm="ogbfd", dp_size=len(caps), cost="attention",
+    ours = lambda: packkit.plan(lengths, caps, algorithm="ogbfd", dp_size=len(caps), cost="attention",
                                 rank_speed=speeds)
-    call()
-    seconds, _, plan = _results.timed(call, repeats)
+    data = lengths.tolist()
+    theirs = (lambda: lightbinpack.ohgbfd(data, caps)) if lightbinpack is not None else None
+    # Interleaved (ours, theirs, ours, ...) so a drift in the machine's speed hits both alike; the ratio is the
+    # median of the per-pair ratios.
+    ours(), theirs and theirs()
+    mine, other, ratios = [], [], []
+    for _ in range(repeats):
+        seconds, _, plan = _results.timed(ours, 1)
+        mine.append(seconds)
+        if theirs:
+            seconds, _, out = _results.timed(theirs, 1)
+            other.append(seconds)
+            ratios.append(mine[-1] / seconds)
     steps = [plan.bins[s * len(caps):(s + 1) * len(caps)] for s in range(plan.num_steps)]
     check(steps, lengths, caps)
     row.update(packkit_steps=plan.num_steps, packkit_balance=time_balance(steps, lengths, speeds),
-               packkit_ms=seconds * 1e3)
-    if lightbinpack is not None:
-        data = lengths.tolist()
-        lightbinpack.ohgbfd(data, caps)
-        seconds, _, out = _results.timed(lambda: lightbinpack.ohgbfd(data, caps), repeats)
+               packkit_ms=float(np.median(mine)) * 1e3)
+    if theirs:
         check(out, lengths, caps)
-        row.update(ohgbfd_steps=len(out), ohgbfd_balance=time_balance(out, lengths, speeds), ohgbfd_ms=seconds * 1e3)
+        row.update(ohgbfd_steps=len(out), ohgbfd_balance=time_balance(out, lengths, speeds),
+                   ohgbfd_ms=float(np.median(other)) * 1e3, time_ratio=float(np.median(ratios)))
     return row
 
 
@@ -83,14 +93,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sequences", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     n = 20_000 if args.quick else args.sequences
     rows = [run(*w, args.repeats) for w in workloads(n)]
-    print(f"{'workload':24}{'steps':>8}{'bound':>8}{'balance':>9}{'ms':>8}   {'ohgbfd steps':>12}{'balance':>9}{'ms':>8}")
+    print(f"{'workload':24}{'steps':>8}{'bound':>8}{'balance':>9}{'ms':>8}   {'ohgbfd steps':>12}{'balance':>9}{'ms':>8}"
+          f"{'time ratio':>11}")
     for r in rows:
-        theirs = (f"{r['ohgbfd_steps']:>12,}{r['ohgbfd_balance']:>9.4f}{r['ohgbfd_ms']:>8.1f}" if "ohgbfd_steps" in r
+        theirs = (f"{r['ohgbfd_steps']:>12,}{r['ohgbfd_balance']:>9.4f}{r['ohgbfd_ms']:>8.1f}{r['time_ratio']:>11.2f}"
+                  if "ohgbfd_steps" in r
                   else "   (lightbinpack not installed)")
         print(f"{r['workload']:24}{r['packkit_steps']:>8,}{r['steps_bound']:>8,}{r['packkit_balance']:>9.4f}"
               f"{r['packkit_ms']:>8.1f}   {theirs}")

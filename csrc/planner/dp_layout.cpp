@@ -276,6 +276,21 @@ bool empty_rows_last(Slots& slots, size_t dp, size_t max_rows) {
 
 }  // namespace
 
+Slots sorted_steps(const BinAssignment& bins, const int64_t* lengths, const std::vector<double>& costs,
+                   int64_t capacity, int64_t dp_size) {
+  Slots by_bin = group_by_bin(bins);
+  const size_t dp = static_cast<size_t>(dp_size);
+  std::vector<double> cost(by_bin.size());
+  for (size_t b = 0; b < by_bin.size(); ++b) cost[b] = bin_cost(by_bin[b], costs);
+  std::vector<size_t> order(by_bin.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  Slots slots(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
+  for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
+  polish(slots, lengths, costs, capacity, dp, static_cast<size_t>(bins.num_bins) + dp);
+  return slots;
+}
+
 Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
                     const std::vector<double>& costs, int64_t capacity, int64_t dp_size,
                     const CostModel* length_cost) {

@@ -23,6 +23,11 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
                     const std::vector<double>& costs, int64_t capacity, int64_t dp_size,
                     const CostModel* length_cost = nullptr);
 
+// ogbfd's first candidate alone: bins sorted by cost, dp_size consecutive bins per step, moves and swaps inside
+// each step (balance_steps runs it beside the other two and keeps the best).
+Slots sorted_steps(const BinAssignment& bins, const int64_t* lengths, const std::vector<double>& costs,
+                   int64_t capacity, int64_t dp_size);
+
 // Group-aware best fit decreasing: longest items first, each into the step (group of dp bins) whose
 // largest free space fits it most tightly, and there into the cheapest bin with room (with
 // tight_small, items of at most capacity/64 tokens into the fullest bin with room). Step-major.

@@ -12,6 +12,17 @@ Int32Buffer decreasing_order(const int64_t* lengths, int64_t n) {
   return order;
 }
 
+Int32Buffer decreasing_order(const int64_t* lengths, int64_t n, int64_t max_length) {
+  if (max_length > std::max<int64_t>(int64_t{1} << 22, 8 * n)) return decreasing_order(lengths, n);
+  std::vector<int64_t> first(static_cast<size_t>(max_length) + 2, 0);  // counting sort, keyed max_length - len
+  for (int64_t i = 0; i < n; ++i) ++first[static_cast<size_t>(max_length - lengths[i] + 1)];
+  for (size_t key = 1; key < first.size(); ++key) first[key] += first[key - 1];
+  Int32Buffer order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    order[static_cast<size_t>(first[static_cast<size_t>(max_length - lengths[i])]++)] = static_cast<int32_t>(i);
+  return order;
+}
+
 BinAssignment first_fit_decreasing(const int64_t* lengths, int64_t n, int64_t capacity) {
   BinAssignment out;
   out.order = decreasing_order(lengths, n);

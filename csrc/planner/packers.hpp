@@ -21,5 +21,7 @@ BinAssignment optimized_best_fit(const int64_t* lengths, int64_t n, int64_t capa
 
 // Indices 0..n-1 ordered by length descending, equal lengths by index ascending.
 Int32Buffer decreasing_order(const int64_t* lengths, int64_t n);
+// The same order by counting sort when every length is in [0, max_length] and max_length is small against n.
+Int32Buffer decreasing_order(const int64_t* lengths, int64_t n, int64_t max_length);
 
 }  // namespace packkit
