@@ -203,7 +203,7 @@ bool virtual_steps(const int64_t* lengths, int64_t n, const std::vector<double>&
       parts[r] = static_cast<int64_t>(rounded);
       sum += parts[r];
     }
-    if (exact && sum <= 16 * static_cast<int64_t>(ranks)) total_parts = sum;
+    if (exact && sum <= 16 * static_cast<int64_t>(ranks) && sum <= static_cast<int64_t>(ranks) + n) total_parts = sum;
   }
   if (total_parts == 0) return false;
   int64_t unit = std::numeric_limits<int64_t>::max();  // virtual capacity: the least capacity / parts
