@@ -396,3 +396,32 @@ def test_llama_loss_and_gradients_over_all_passes_equal_per_document(fp64_llamas
     # rank 1's tokens are never trained on).
     bad_loss, bad_grads = _loss_and_grads(ring_model, over_passes(lambda c: [0, 0, *range(2, c)] if c > 1 else None))
     assert abs(bad_loss - ref_loss) > 1e-3 * abs(ref_loss) and _rel(bad_grads, ref_grads) > 1e-3, bad_loss
+
+
+def test_pack_context_parallel_takes_a_pass_by_position_or_keyword():
+    """The issue's name: pack_context_parallel(sequences, cp_plan, pass_index, rank) is the pass's batch, as is
+    plan=, pass_index=, rank=; the static form is unchanged; mixing the two is refused by name."""
+    lengths = [5, 40, 3, 12, 70, 9]
+    seqs = [torch.arange(1, n + 1) for n in lengths]
+    plan = packkit.plan_context_parallel(lengths, 4, 32)
+    for index, (ranks, _) in enumerate(plan.passes):
+        for rank in ranks:
+            want = packkit.pack_context_parallel_pass(seqs, plan, index, rank)
+            for got in (packkit.pack_context_parallel(seqs, plan, index, rank),
+                        packkit.pack_context_parallel(seqs, plan=plan, pass_index=index, rank=rank)):
+                assert got.keys() == want.keys()
+                for key in want:
+                    assert torch.equal(got[key], want[key]) if torch.is_tensor(want[key]) else got[key] == want[key]
+    static = packkit.pack_context_parallel(seqs, 2, 1, "zigzag")
+    fused = packkit.context_parallel.fused.pack_context_parallel(seqs, 2, 1, "zigzag")
+    assert all(torch.equal(static[k], fused[k]) if torch.is_tensor(fused[k]) else static[k] == fused[k] for k in fused)
+    with pytest.raises(ValueError, match="capacity= is an option of static CP"):
+        packkit.pack_context_parallel(seqs, plan, 0, plan.passes[0][0].start, capacity=64)
+    with pytest.raises(ValueError, match="pass_index= and rank= select a pass"):
+        packkit.pack_context_parallel(seqs, 2, 0, pass_index=0)
+    with pytest.raises(TypeError, match="needs cp_size and cp_rank"):
+        packkit.pack_context_parallel(seqs)
+    with pytest.raises(TypeError, match="needs pass_index and rank"):
+        packkit.pack_context_parallel(seqs, plan=plan, pass_index=0)
+    with pytest.raises(ValueError, match="not cp_size / cp_rank"):
+        packkit.pack_context_parallel(seqs, 2, 0, plan=plan, pass_index=0, rank=0)

@@ -4,7 +4,7 @@ pass of a dynamic CP plan (``packkit.pack_context_parallel_pass``, ``packkit.ite
 
 See ``docs/context_parallel.md``. Stage: packing (imports planning and packing only).
 """
-from .fused import pack_context_parallel
+from .pack import pack_context_parallel
 from .pass_batch import iter_context_parallel, pack_context_parallel_pass
 from .shard import (CP_MODES, CPShardInfo, cp_padded_lengths, cp_plan_multiple, parse_context_parallel,
                     shard_context_parallel, unshard_context_parallel)
