@@ -10,6 +10,8 @@ it to ``packkit.plan(..., pad_to_multiple_of=)`` so planned rows still fit once 
 * :func:`packed_seq_params`: ``(batch, PackedSeqParams)`` from a flat packkit batch (``pack_sequences``).
 * :func:`thd_batch_on_cp_rank`: a rank's zigzag shard of that batch, TE's ``thd_get_partitioned_indices``
   without TE (Megatron's ``get_thd_batch_on_this_cp_rank`` needs TE for cp > 1).
+* :class:`PackkitCPScheduler`, :func:`install_cp_scheduler` / :func:`uninstall_cp_scheduler`: dynamic CP in
+  Megatron's hybrid-CP data path (``megatron_cp.py``).
 
 Megatron-Core stays optional: it is imported only when these functions run (``pip install packkit[megatron]``).
 """
@@ -23,6 +25,9 @@ import torch
 from ..context_parallel.shard import _flat_tokens, _host_cu, _src_index_host
 from ..packing.checks import check_bool, check_fill, check_int, check_padding
 from ..packing.tensors import host_tensor, to_device
+from .megatron_cp import PackkitCPScheduler  # noqa: F401  (re-exported: dynamic CP, hybrid-CP data path)
+from .megatron_cp import install as install_cp_scheduler  # noqa: F401
+from .megatron_cp import uninstall as uninstall_cp_scheduler  # noqa: F401
 
 MAX_PARALLEL = 1 << 24
 MEGATRON_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
