@@ -22,6 +22,7 @@ import numbers
 import numpy as np
 import torch
 
+from ..planning.arg_rules import MAX_INT, Bool, check_args
 from ..rl.micro_batches import micro_batches
 
 PLAN_KEY = "packkit_micro_batch"
@@ -66,8 +67,8 @@ def _token_cap(max_token_len) -> int:
         if not math.isfinite(float(value)):
             raise ValueError(f"max_token_len must be finite, got {value!r}")
         cap = math.floor(float(value))
-    if cap < 1:
-        raise ValueError(f"max_token_len must be at least 1 token, got {max_token_len!r}")
+    if not 1 <= cap <= MAX_INT:
+        raise ValueError(f"max_token_len must be at least 1 token and at most 2**63 - 1, got {max_token_len!r}")
     return cap
 
 
@@ -146,6 +147,9 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     from torch import distributed as dist
 
     cap = _token_cap(max_token_len)
+    same_micro_num_in_dp, use_dynamic_bsz_balance = check_args(
+        Bool("same_micro_num_in_dp"), Bool("use_dynamic_bsz_balance"), values=(same_micro_num_in_dp,
+                                                                               use_dynamic_bsz_balance))
     if isinstance(force_group_size, (bool, np.bool_)) or not isinstance(force_group_size, numbers.Integral):
         raise TypeError(f"force_group_size must be an int, got {type(force_group_size).__name__} {force_group_size!r}")
     g = int(force_group_size)
@@ -312,7 +316,7 @@ def _balance_mask(batch) -> torch.Tensor:
     return mask
 
 
-def balance_batch(batch, dp_size: int, max_token_len: int, *, cost=None, metrics=None,
+def balance_batch(batch, dp_size: int, max_token_len, *, cost=None, metrics=None,
                   logging_prefix: str = "global_seqlen"):
     """Replacement for ``RayPPOTrainer._balance_batch``: plan every rank's micro-batches at once.
 

@@ -17,6 +17,10 @@ import numpy as np
 import torch
 
 
+MAX_INT = 2**63 - 1  # a count or token cap held in int64
+MAX_RANKS = 2**24  # ranks, rows per step: the planner sizes per-step state by them (planner.md)
+
+
 class Rule:
     """One argument's rule: ``check(value)`` returns the value as the entry point uses it, or raises."""
     name: str
@@ -55,10 +59,12 @@ class Int(Rule):
         v = _scalar(value, self.name)
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             raise TypeError(f"{self.name} must be an int, got {type(value).__name__} {value!r:.60}")
-        if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
-            lo = "-inf" if self.low is None else self.low
-            hi = "inf" if self.high is None else self.high
-            raise ValueError(f"{self.name} must be an int in [{lo}, {hi}], got {v}")
+        lo = "-inf" if self.low is None else self.low
+        hi = "inf" if self.high is None else self.high
+        if self.low is not None and v < self.low:
+            raise ValueError(f"{self.name} must be >= {lo} (an int in [{lo}, {hi}]), got {v}")
+        if self.high is not None and v > self.high:
+            raise ValueError(f"{self.name} must be <= {hi} (an int in [{lo}, {hi}]), got {v}")
         return int(v)
 
 
@@ -112,6 +118,16 @@ class Instance(Rule):
         if not isinstance(value, self.types):
             raise TypeError(f"{self.name} must be {self.what}, got {type(value).__name__}")
         return value
+
+
+def check_rows_per_step(rows: int, num_items: int, what: str) -> None:
+    """The planner's bound on rows per step, ``max(2**16, number of sequences)`` (planner.MAX_EMPTY_RANKS), checked
+    where a wrapper multiplies its own arguments into the planner's ``dp_size``: ``what`` names those arguments
+    (the planner's message would name ``dp_size`` alone)."""
+    limit = max(2**16, num_items)
+    if rows > limit:
+        raise ValueError(f"{what} = {rows} rows per step is more than {limit} (max(2**16, number of sequences)): "
+                         f"the plan's size and time would be set by it, not by the data")
 
 
 def check_args(*rules: Rule, values: Sequence) -> tuple:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from . import reg_core, reg_cp_plan, reg_extra, reg_more, reg_rl_sp
+from . import reg_core, reg_cp_plan, reg_extra, reg_integrations, reg_more, reg_rl_sp
 
 MODULES = ("packkit", "packkit.rl", "packkit.shared_prefix", "packkit.integrations.megatron",
            "packkit.integrations.verl", "packkit.integrations.verl_shared_prefix", "packkit.integrations.torchtitan",
@@ -39,8 +39,6 @@ NOT_CALLED = {
     "packkit.mrope_position_ids": "NOT YET: needs a Qwen-VL config and processor-shaped inputs per draw",
     "packkit.shared_prefix.shared_prefix_attention_forward": "NOT YET directly; its numeric arguments go through "
                                                             "attention_args.check_numbers, fuzzed via varlen",
-    "packkit.integrations.verl.balance_batch": "NOT YET: needs a verl DataProto (tests/test_rl_verl.py)",
-    "packkit.integrations.verl.rearrange_micro_batches": "NOT YET: needs a verl DataProto",
     "packkit.integrations.verl.install": "patches verl (no data argument)",
     "packkit.integrations.verl_shared_prefix.MultiTurnTree": "a result type of multi_turn_tree_batch",
     "packkit.integrations.verl_shared_prefix.multi_turn_tree_batch": "NOT YET: verl-shaped [B, S] masks per draw "
@@ -55,12 +53,22 @@ NOT_CALLED = {
     "packkit.integrations.torchtitan.PackkitDataLoader": "NOT YET: needs a torchtitan job config; its stream "
                                                           "(BalancedDocumentStream) is fuzzed",
     "packkit.integrations.torchtitan.torchtitan_cost": "NOT YET: needs a torchtitan model config",
-    "packkit.integrations.axolotl.MultipackBatchSampler": "NOT YET: trainer integrations (axolotl, ms-swift, "
-                                                           "LLaMA-Factory) were being edited by another helper",
+    "packkit.integrations.llamafactory.RowPlan": "a result type of plan_rows (checked there)",
+    "packkit.integrations.llamafactory.install": "patches LLaMA-Factory (its arguments are plan_rows' cost / dp_size "
+                                                 "/ seed / shuffle, fuzzed there)",
+    "packkit.integrations.llamafactory.uninstall": "undoes install (no argument)",
+    "packkit.integrations.llamafactory.is_planned": "reads one attribute of a dataset (any object: no bad value)",
+    "packkit.integrations.llamafactory.build_rows": "NOT YET: needs LLaMA-Factory's tokenized example columns per "
+                                                    "draw (tests/test_llamafactory.py compares it with LLaMA-Factory's "
+                                                    "own rows); its plan comes from plan_rows, fuzzed",
+    "packkit.integrations.llamafactory.pack_dataset": "NOT YET: a datasets.Dataset of LLaMA-Factory examples mapped "
+                                                      "with num_proc (seconds per draw); plans with plan_rows, fuzzed",
+    "packkit.integrations.swift.PackedIndex": "a result type of plan_packed_idx (checked there)",
+    "packkit.integrations.swift.install": "patches ms-swift (its arguments are plan_packed_idx's, fuzzed there)",
+    "packkit.integrations.swift.uninstall": "undoes install (no argument)",
     "packkit.integrations.axolotl.default_dp_size": "reads torch.distributed (no argument)",
     "packkit.integrations.swift.default_dp_size": "reads torch.distributed (no argument)",
 }
-TRAINER_INTEGRATIONS = ("packkit.integrations.llamafactory.", "packkit.integrations.swift.")
 
 
 def public_names() -> list:
@@ -87,7 +95,8 @@ def public_names() -> list:
 
 
 # Imported by the parent before it forks: each child would otherwise import them again (seconds each).
-PRELOAD = ("megatron.core.packed_seq_params", "torch.nn.attention.flex_attention", "datasets", "transformers",
+PRELOAD = ("megatron.core.packed_seq_params", "verl", "verl.utils.seqlen_balancing", "tensordict",
+           "packkit.integrations.swift", "packkit.integrations.llamafactory", "packkit.integrations.axolotl", "torch.nn.attention.flex_attention", "datasets", "transformers",
            "packkit.integrations.torchtitan", "packkit.analyze.cli")
 
 
@@ -111,9 +120,9 @@ CALLBACKS = {name: ("cost",) for name in (
 
 def build() -> dict:
     reg: dict = {}
-    for module in (reg_core, reg_rl_sp, reg_more, reg_extra, reg_cp_plan):
+    for module in (reg_core, reg_rl_sp, reg_more, reg_extra, reg_cp_plan, reg_integrations):
         module.register(reg)
-    for name, params in CALLBACKS.items():
+    for name, params in {**CALLBACKS, **reg_integrations.CALLBACK_APIS}.items():
         if name in reg:
             reg[name].callbacks = params
     return reg
@@ -122,5 +131,4 @@ def build() -> dict:
 def uncovered(reg: dict) -> list:
     covered = {name.split(" ")[0] for name in reg}
     return [n for n in public_names() if n not in covered and n not in NOT_CALLED
-            and not n.startswith(TRAINER_INTEGRATIONS)  # NOT YET: edited by another helper in this round
             and not any(c.startswith(n + ".") for c in covered)]

@@ -141,7 +141,8 @@ def draws(param: inspect.Parameter, base) -> list:
     elif kind == "device":
         out += [("device", v) for v in _devices()]
     elif kind == "choice":
-        out += [("device" if "dtype" in param.name else "numeric", v) for v in _choices(param.name.endswith("_key"))]
+        free = re.search(r"(_key|_prefix)$", param.name) is not None  # any str names a key or a metric prefix
+        out += [("device" if "dtype" in param.name else "numeric", v) for v in _choices(free)]
     if "dtype" in param.name:
         out += [("device", Value("torch.complex64", lambda: torch.complex64, "refuse")),
                 ("device", Value("'bogus'", lambda: "bogus", "refuse"))]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...planning.arg_rules import callback_costs
 from ...planning.planner import _cost_model
 
 
@@ -22,5 +23,5 @@ def item_cost_fn(cost):
     """Per-item cost of an int64 length array under ``cost`` (as :func:`packkit.plan` reads it)."""
     a, b, fn = _cost_model(cost)
     if fn is not None:
-        return lambda lengths: np.asarray(fn(lengths), dtype=np.float64)
+        return lambda lengths: callback_costs(fn(lengths), len(lengths), "the cost callable")
     return lambda lengths: a * lengths.astype(np.float64) + b * lengths.astype(np.float64) ** 2

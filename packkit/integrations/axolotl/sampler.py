@@ -18,6 +18,7 @@ from typing import Iterable, Iterator, Optional, Union
 import numpy as np
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
+from ...planning.arg_rules import MAX_RANKS, Bool, Choice, Int, Real, check_args, check_rows_per_step
 from ...planning.planner import as_lengths
 from ...planning.planner import plan as packkit_plan
 from ...training.sampler import PackedBatchSampler
@@ -99,6 +100,15 @@ class MultipackBatchSampler(BatchSampler):
                  num_processes: Optional[int] = None, safe_mode: bool = True, mp_start_method: str = "fork", *,
                  dp_size: Optional[int] = None, cost="attention", seed: int = 0):
         super().__init__(sampler, batch_size, drop_last)  # validates batch_size and drop_last as torch does
+        if not hasattr(sampler, "__iter__"):
+            raise TypeError(f"sampler must be a torch Sampler or an iterable of dataset indices, got "
+                            f"{type(sampler).__name__}")
+        # axolotl's own packer knobs: unused here, but a wrong one is still refused, by name (it was a typo there too)
+        check_args(Int("batch_size", 1, MAX_RANKS), Real("packing_efficiency_estimate", 0.0, 1.0),
+                   Int("num_count_samples", 1), Int("group_size", 1), Int("num_processes", 1, optional=True),
+                   Bool("safe_mode"), Choice("mp_start_method", ("fork", "spawn", "forkserver")),
+                   values=(batch_size, packing_efficiency_estimate, num_count_samples, group_size, num_processes,
+                           safe_mode, mp_start_method))
         self.batch_max_len = int_arg(batch_max_len, "batch_max_len")
         if self.batch_max_len <= 0:
             raise ValueError(f"batch_max_len must be a positive int, got {self.batch_max_len}")
@@ -106,6 +116,8 @@ class MultipackBatchSampler(BatchSampler):
         if (self.lengths < 0).any():
             i = int(np.flatnonzero(self.lengths < 0)[0])
             raise ValueError(f"lengths must be >= 0; index {i} is {int(self.lengths[i])}")
+        if isinstance(bin_size, (bool, np.bool_)):  # False == 0 read as "no cap"
+            raise TypeError(f"bin_size must be a positive int, 0 or None (no cap), got {bin_size!r}")
         self.bin_size = None if bin_size in (None, 0) else int_arg(bin_size, "bin_size")
         if self.bin_size is not None and self.bin_size < 0:
             raise ValueError(f"bin_size must be a positive int, 0 or None (no cap), got {self.bin_size}")
@@ -118,6 +130,8 @@ class MultipackBatchSampler(BatchSampler):
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
         self.seed = int_arg(seed, "seed")
         self.indices = self._index_set(sampler)
+        check_rows_per_step(self.dp_size * batch_size, len(self.indices),
+                            f"dp_size * batch_size = {self.dp_size} * {batch_size}")
         self.shuffle = not self.sequential and not isinstance(sampler, SequentialSampler)
         real = self.lengths[self.indices]
         self.overlong = self.indices[real > self.batch_max_len]
@@ -147,7 +161,12 @@ class MultipackBatchSampler(BatchSampler):
         if isinstance(sampler, (RandomSampler, SequentialSampler)) and len(sampler) == n and \
                 not getattr(sampler, "replacement", False):
             return np.arange(n, dtype=np.int64)  # all of the dataset; no need to draw its random order
-        indices = np.fromiter((int_arg(i, "sampler index") for i in sampler), dtype=np.int64)
+        try:
+            indices = np.fromiter((int_arg(i, "sampler index") for i in sampler), dtype=np.int64)
+        except TypeError as exc:
+            if "sampler index" in str(exc):
+                raise
+            raise TypeError(f"sampler must be a torch Sampler or an iterable of dataset indices ({exc})") from None
         if len(indices) and (indices.min() < 0 or indices.max() >= n):
             bad = int(indices[(indices < 0) | (indices >= n)][0])
             raise ValueError(f"sampler yields index {bad}, outside the {n} lengths given")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...planning.arg_rules import MAX_INT, MAX_RANKS, Int, check_args, check_rows_per_step
 from ...planning.planner import _cost_model, as_lengths
 from ...training.sampler.args import int_arg
 from ...training.sampler.epoch import plan_epoch
@@ -44,13 +45,6 @@ class RowPlan:
         return float(self.rank_costs.max(axis=1).sum()) / mean if mean > 0 else 1.0
 
 
-def _positive(value, name: str) -> int:
-    value = int_arg(value, name)
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 def plan_rows(lengths, cutoff_len: int, *, dp_size: int = 1, rows_per_rank: int = 1, cost="attention",
               seed: int = 0, shuffle: bool = True) -> RowPlan:
     """Plan all ``lengths`` at once into rows of at most ``cutoff_len`` tokens (LLaMA-Factory's knapsack
@@ -60,9 +54,11 @@ def plan_rows(lengths, cutoff_len: int, *, dp_size: int = 1, rows_per_rank: int 
     Examples longer than ``cutoff_len`` are dropped and reported (LLaMA-Factory's rule), as are empty ones.
     """
     array = as_lengths(lengths)
-    cutoff_len, dp_size, rows_per_rank = (_positive(v, n) for v, n in (
-        (cutoff_len, "cutoff_len"), (dp_size, "dp_size"), (rows_per_rank, "rows_per_rank")))
-    seed = int_arg(seed, "seed")
+    cutoff_len, dp_size, rows_per_rank = check_args(Int("cutoff_len", 1, MAX_INT), Int("dp_size", 1, MAX_RANKS),
+                                                    Int("rows_per_rank", 1, MAX_RANKS),
+                                                    values=(cutoff_len, dp_size, rows_per_rank))
+    check_rows_per_step(dp_size * rows_per_rank, len(array), f"dp_size * rows_per_rank = {dp_size} * {rows_per_rank}")
+    seed = check_args(Int("seed", 0, MAX_INT), values=(seed,))[0]  # numpy's generators take seeds >= 0
     if not isinstance(shuffle, bool):
         raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__} {shuffle!r}")
     _cost_model(cost)  # a bad cost is refused here, by name, before any planning

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ...planning import step_order
+from ...planning.arg_rules import MAX_INT, MAX_RANKS, Bool, Choice, Int, check_args
 from ...planning.planner import as_lengths, plan
 
 ALGORITHMS = ("obfd", "ogbfd")
@@ -79,8 +80,8 @@ def plan_packed_idx(lengths, packing_length: int, *, dp_size: int = 1, cost="att
     ``packing_length`` is refused (ValueError): ms-swift truncates or drops those at encoding when
     ``packing_length`` >= ``max_length``.
     """
-    packing_length = _check_int(packing_length, "packing_length")
-    dp_size = _check_int(dp_size, "dp_size")
+    packing_length, dp_size = check_args(Int("packing_length", 1, MAX_INT), Int("dp_size", 1, MAX_RANKS),
+                                         values=(packing_length, dp_size))
     if algorithm is None:
         algorithm = "ogbfd" if dp_size > 1 else "obfd"
     if algorithm not in ALGORITHMS:
@@ -194,9 +195,20 @@ def plan_buffer(data: list, packing_length: int, finished: bool, *, dp_size: int
     ``shuffle=False`` in the buffer order of each step's longest sample; never the planner's (longest first). A
     step with an empty row (only in a ``finished`` buffer) stays last.
     """
+    packing_length, finished, dp_size, batch_size, algorithm, shuffle = check_args(
+        Int("packing_length", 1, MAX_INT), Bool("finished"), Int("dp_size", 1, MAX_RANKS),
+        Int("batch_size", 1, MAX_RANKS), Choice("algorithm", ALGORITHMS), Bool("shuffle"),
+        values=(packing_length, finished, dp_size, batch_size, algorithm, shuffle))
+    if dp_size * batch_size > MAX_RANKS:
+        raise ValueError(f"dp_size * batch_size = {dp_size} * {batch_size} rows per group; at most {MAX_RANKS}")
+    if not isinstance(data, (list, tuple)):
+        raise TypeError(f"data must be a list of (sample, length) pairs, got {type(data).__name__}")
     if not data:
         return [], []
-    lengths = [length for _, length in data]
+    try:
+        lengths = [length for _, length in data]
+    except (TypeError, ValueError):
+        raise TypeError("data must be a list of (sample, length) pairs") from None
     too_long = [i for i, x in enumerate(lengths) if x > packing_length]
     if too_long:
         raise ValueError(f"a sample of {lengths[too_long[0]]} tokens is longer than packing_length={packing_length}")
@@ -217,7 +229,8 @@ def plan_buffer(data: list, packing_length: int, finished: bool, *, dp_size: int
     out = []
     for g in range(0, whole, group):
         steps = rows[g:g + group]  # planned steps g/dp_size ..., each dp_size rows
-        out += [steps[j * dp_size + r] for r in range(dp_size) for j in range(batch_size)
+        per_rank = min(batch_size, -(-len(steps) // dp_size))  # the rows there are, not batch_size's loop
+        out += [steps[j * dp_size + r] for r in range(dp_size) for j in range(per_rank)
                 if j * dp_size + r < len(steps)]
     out = [row for row in out if row]
     carry = [item for row in rows[whole:] for item in row]
