@@ -32,6 +32,7 @@ from ...planning.cost_model import transformer_cost
 from ...planning.planner import plan as make_plan
 from ...training.sampler.args import cost_tag
 from ..start_line import stream_start_line
+from .cp_balance import headtail_order, token_work
 from .documents import fetch_documents, is_one_shot, iterable_of, read_documents, tokens_of
 
 OVERLONG = ("split", "drop", "error")
@@ -65,6 +66,8 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             into the next buffer (re-planned with its documents) while the source goes on, at most
             ``max_carries`` times per piece (0: never).
         pad_token_id, ignore_index: row padding (its own position run from 0, labels ``ignore_index``).
+        cp_degree: torchtitan's ``context_parallel_degree``; above 1 each row's documents are ordered so its
+            head-tail CP shards get even work (``cp_balance.py``); ``seq_len`` must be a multiple of ``2*cp``.
 
     The first buffer it plans, dp rank 0 logs (INFO, this module's logger) ``packkit: first buffer N steps on R
     ranks, balance B, efficiency E; streaming, steps per epoch unknown up front``; the figures are also
@@ -75,7 +78,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
                  tokenizer=None, input_key: str = "input_ids", text_key: str = "text", buffer_size: int = 1024,
                  cost="tokens", overlong: str = "split", infinite: bool = False, carry_threshold: float = 0.9,
                  max_carries: int = 4, shuffle: bool = True, seed: int = 0,
-                 pad_token_id: int = 0, ignore_index: int = -100):
+                 pad_token_id: int = 0, ignore_index: int = -100, cp_degree: int = 1):
         super().__init__()
         if isinstance(source, (str, bytes, dict)) or not (callable(source) or hasattr(source, "__iter__")):
             raise TypeError(f"source must be an iterable of documents or a callable returning one, got "
@@ -94,6 +97,10 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             raise ValueError(f"dp_world_size x local_batch_size = {self.dp_world_size * self.local_batch_size} rows "
                              f"per step; at most 2^16")
         self.buffer_size = check_int(buffer_size, "buffer_size", 1)
+        self.cp_degree = check_int(cp_degree, "cp_degree", 1)
+        if self.cp_degree > 1 and self.seq_len % (2 * self.cp_degree):
+            raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of 2 * cp_degree ({2 * self.cp_degree}): "
+                             "torchtitan's head-tail CP sharding cuts each row in 2 * cp chunks")
         if overlong not in OVERLONG:
             raise ValueError(f"overlong must be one of {', '.join(OVERLONG)}, got {overlong!r}")
         self.overlong = overlong
@@ -115,6 +122,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         if not (isinstance(cost, (str, tuple, list)) or callable(cost)):
             cost = transformer_cost(cost)  # a transformers config: its (a, b), so the state can name it
         self.cost = cost
+        self._token_work = token_work(cost) if self.cp_degree > 1 else None
         make_plan([1], self.seq_len, algorithm="ogbfd", dp_size=self.dp_world_size * self.local_batch_size,
                   cost=cost)  # a bad cost fails here, named by the planner, not at the first step
         # What the plans depend on besides the geometry: a resume replans its buffer, so these must match.
@@ -200,6 +208,9 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         labels = np.full(L, self.ignore_index, np.int64)
         pos = np.empty(L, np.int64)
         at = 0
+        if self.cp_degree > 1:  # the same documents, in the order that balances the row's CP shards
+            order = headtail_order([len(w) - 1 for _, _, w in pieces], L, self.cp_degree, *self._token_work)
+            pieces = [pieces[i] for i in order]
         for _, _, w in pieces:
             n = len(w) - 1
             ids[at:at + n], labels[at:at + n], pos[at:at + n] = w[:-1], w[1:], np.arange(n)
