@@ -179,6 +179,77 @@ def test_lower_bound_is_below_the_brute_force_optimum(lengths, world, cap, overh
     assert plan.makespan <= 1.5 * optimum
 
 
+def set_partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        for k in range(len(part)):
+            yield part[:k] + [[first] + part[k]] + part[k + 1:]
+        yield [[first]] + part
+
+
+def brute_force_barrier_optimum(lengths, world, cap, cost, cp_comm, overhead, speed, pow2):
+    """Shortest makespan over every "pass"-barrier plan: every partition of the sequences into steps, of each
+    step into passes, and every choice of pairwise disjoint groups for a step's passes; a step lasts its longest
+    pass (an idle rank's empty pass lasts the overhead)."""
+    groups = [range(s, s + c) for c in range(1, world + 1) if not pow2 or c & (c - 1) == 0
+              for s in range(0, world - c + 1, c if pow2 else 1)]
+
+    def step_time(seqs):
+        best = math.inf
+        for passes in set_partitions(seqs):
+            for choice in itertools.product(groups, repeat=len(passes)):
+                used = [r for g in choice for r in g]
+                if len(used) != len(set(used)):
+                    continue
+                length = overhead if len(used) < world else 0.0
+                for p, ranks in zip(passes, choice):
+                    c = len(ranks)
+                    if sum(local_tokens(lengths[i], c) for i in p) > cap:
+                        break
+                    work = sum(seq_cost(lengths[i], cost) / c + cp_comm * (c - 1) / c * lengths[i] if c > 1
+                               else seq_cost(lengths[i], cost) for i in p)
+                    length = max(length, overhead + work / min(speed[r] for r in ranks))
+                else:
+                    best = min(best, length)
+        return best
+
+    return min(sum(step_time(step) for step in steps) for steps in set_partitions(list(range(len(lengths)))))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, 1200), min_size=1, max_size=3), st.sampled_from([1, 2, 4]),
+       st.sampled_from([256, 512, 1024]), st.sampled_from([0.0, 0.05]), st.sampled_from([0.0, 2.0]),
+       st.booleans(), st.sampled_from([None, "mixed"]))
+def test_barrier_lower_bound_is_below_the_brute_force_barrier_optimum(lengths, world, cap, overhead, comm, pow2,
+                                                                       speeds):
+    """The "pass" barrier's own bound term (one step holds the costliest pass and at most sum(caps) tokens)."""
+    speed = [1.0] * world if speeds is None else [1.0 + 0.5 * (r % 2) for r in range(world)]
+    cost = (0.0, 1e-6)
+    try:
+        plan = plan_context_parallel(lengths, world, cap, cost=cost, cp_comm=comm * 1e-3, pass_overhead=overhead,
+                                     cp_sizes="pow2" if pow2 else "any", rank_speed=speed, barrier="pass")
+    except ValueError:
+        return
+    optimum = brute_force_barrier_optimum(lengths, world, cap, cost, comm * 1e-3, overhead, speed, pow2)
+    assert plan.lower_bound <= optimum * (1 + 1e-9)
+    assert plan.makespan >= optimum * (1 - 1e-9)
+
+
+def test_barrier_bound_above_the_barrier_free_one_where_a_step_is_long():
+    """One long sequence's step beside cap-limited short passes: the barrier bound is the larger (and still
+    below the plan)."""
+    rng = np.random.default_rng(0)
+    lengths = np.concatenate(([120_000], rng.integers(500, 3000, 2000)))
+    kw = dict(cost=(B, A), cp_comm=K, pass_overhead=O)
+    free = plan_context_parallel(lengths, 128, 8192, **kw)
+    barrier = plan_context_parallel(lengths, 128, 8192, barrier="pass", **kw)
+    assert barrier.lower_bound > 1.05 * free.lower_bound
+    assert barrier.makespan >= barrier.lower_bound
+
+
 def test_ratio_target_on_a_long_tail_batch():
     rng = np.random.default_rng(7)
     lengths = np.clip(rng.lognormal(np.log(2048), 1.2, 1024), 64, 131072).astype(np.int64)

@@ -32,6 +32,8 @@ struct Ctx {
   bool fits(int64_t i, size_t k) const;                    // some group of size sizes[k] holds it
   double best_pass_time(int64_t i, size_t k) const;        // alone in a pass on the fastest such group
   double lower_bound() const;
+  // The "pass" barrier's term of lower_bound: over the 64 costliest sequences (top[0..k_top)).
+  double barrier_bound(const std::vector<int64_t>& top, size_t k_top, double work, double rank_passes) const;
   std::vector<int32_t> choose_sizes(double target) const;  // size index per sequence
 };
 

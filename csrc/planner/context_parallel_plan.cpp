@@ -171,6 +171,46 @@ double Ctx::lower_bound() const {
       bound = std::max(bound, best);
     }
   }
+  if (opts.pass_barrier) bound = std::max(bound, barrier_bound(top, k_top, work, rank_passes));
+  return bound;
+}
+
+// Under the "pass" barrier (docs/planner.md): the step holding sequence i lasts at least P_i (its fastest pass),
+// and in that step every rank runs one pass of at most its cap in local tokens, a sequence's shards holding at
+// least its length: the sequence work done there is at most K = the most c_min * t(s, c_min) any set of sequences
+// of at most sum(caps) tokens carries (a fractional knapsack by work per token). Every other step lasts at least
+// its work / sum(speeds). So M >= P_i + (Wmin - min(K, S * P_i) + v_min * O * (R - W)+) / S, for every i.
+double Ctx::barrier_bound(const std::vector<int64_t>& top, size_t k_top, double work, double rank_passes) const {
+  std::vector<double> w(static_cast<size_t>(n)), density(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    w[i] = static_cast<double>(sizes[min_size[i]]) * t(i, sizes[min_size[i]]);
+    density[i] = L[i] > 0 ? w[i] / static_cast<double>(L[i]) : 0.0;
+  }
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return density[a] > density[b]; });
+  long double room = 0.0L, most = 0.0L;  // room: sum of caps; most: K
+  for (int64_t c : opts.caps) room += static_cast<long double>(c);
+  for (int64_t i : order) {
+    if (L[i] == 0) {
+      most += w[i];  // no tokens: always fits (a callable's cost for length 0)
+      continue;
+    }
+    const long double take = std::min<long double>(room, static_cast<long double>(L[i]));
+    most += take * static_cast<long double>(density[i]);
+    room -= take;
+    if (room <= 0) break;
+  }
+  const double others = opts.pass_overhead * speed_min * std::max(0.0, rank_passes - static_cast<double>(W));
+  double bound = 0.0;
+  for (size_t q = 0; q < k_top; ++q) {
+    const int64_t i = top[q];
+    double p = std::numeric_limits<double>::infinity();
+    for (size_t k = min_size[i]; k < sizes.size(); ++k)
+      if (fits(i, k)) p = std::min(p, best_pass_time(i, k));
+    const double in_step = std::min(static_cast<double>(most), speed_sum * p);
+    bound = std::max(bound, p + std::max(0.0, work - in_step + others) / speed_sum);
+  }
   return bound;
 }
 
