@@ -263,8 +263,12 @@ def test_errors_name_the_parameter():
         s.get_groups_and_subsamples([(1, 10), (1, 20)], None)
     with pytest.raises(TypeError, match="sample_id_seqlens"):
         s.get_groups_and_subsamples([(1, "x")], None)
-    with pytest.raises(ValueError, match="lengths"):   # needs 64 ranks at this cap: no group that wide
-        s.get_groups_and_subsamples([(0, 200_000)], None)
+    with pytest.raises(ValueError, match="sample_id_seqlens: sample 7 "):   # needs 64 ranks at this cap
+        s.get_groups_and_subsamples([(3, 10), (7, 200_000)], None)
+    with pytest.raises(ValueError, match="max_seq_len_per_rank"):
+        megatron_cp.PackkitCPScheduler(2**64, Group(range(8), 0))
+    with pytest.raises(ValueError, match="cp_comm"):  # pass times that overflow: refused when built
+        megatron_cp.PackkitCPScheduler(4096, Group(range(8), 0), cp_comm=1e308)
     assert s.get_groups_and_subsamples([], None) == ([], [])
 
 

@@ -27,6 +27,7 @@ from ..planning.planner import _cost_model
 # ring seconds per token at 50 GB/s, seconds per forward/backward. Only their ratios change a plan.
 DEFAULT_MODEL = {"cost": (1.05e-4, 1.97e-9), "cp_comm": 3.15e-5, "pass_overhead": 0.01}
 _DATA_SCHEDULE = "megatron.core.datasets.data_schedule"
+MAX_CAP = 1 << 62  # the planner's per-rank caps are int64
 
 
 def megatron_max_cp(world_size: int) -> int:
@@ -156,13 +157,18 @@ class PackkitCPScheduler:
     def __init__(self, max_seq_len_per_rank: int, dp_cp_group, *, cost=DEFAULT_MODEL["cost"],
                  cp_comm=DEFAULT_MODEL["cp_comm"], pass_overhead=DEFAULT_MODEL["pass_overhead"]):
         self.max_seq_len_per_rank = check_int(max_seq_len_per_rank, "max_seq_len_per_rank", 1)
+        if self.max_seq_len_per_rank > MAX_CAP:
+            raise ValueError(f"max_seq_len_per_rank must be in [1, 2**62], got {max_seq_len_per_rank}")
         if not callable(getattr(dp_cp_group, "size", None)):
             raise TypeError(f"dp_cp_group must have .size() (a ProcessGroup), got {type(dp_cp_group).__name__}")
         self.total_hdp_gpus = check_int(dp_cp_group.size(), "dp_cp_group.size()", 1)
         self.model = {"cost": cost, "cp_comm": cp_comm, "pass_overhead": pass_overhead}
         self.max_cp = megatron_max_cp(self.total_hdp_gpus)
         self.plan = None
-        plan_context_parallel([], self.total_hdp_gpus, self.max_seq_len_per_rank, **self.model)  # checks the flags
+        # The flags checked now, on two full-cap samples (pass times that overflow are refused by name), not at
+        # Megatron's first batch.
+        plan_context_parallel([self.max_seq_len_per_rank] * 2, self.total_hdp_gpus, self.max_seq_len_per_rank,
+                              **self.model)
 
     def _plan(self, lengths: np.ndarray, ids: list) -> list:
         """The better, run as Megatron runs it (one pass per sample), of two plans: packkit's model as given, and
@@ -177,13 +183,15 @@ class PackkitCPScheduler:
         def by_length(x):  # each length's cost looked up among the given lengths (a callable cost is called once)
             return costs[order][np.searchsorted(lengths[order], np.asarray(x))] + o
 
-        wide = np.zeros(len(lengths), dtype=bool)
-        if self.max_cp < world:
-            wide = 2 * -(-lengths // (2 * self.max_cp)) > cap if self.max_cp > 1 else lengths > cap
-            for i in np.flatnonzero(wide).tolist():
-                if 2 * -(-int(lengths[i]) // (2 * world)) > cap:
-                    raise ValueError(f"sample_id_seqlens: sample {ids[i]} (length {int(lengths[i])}) needs more "
-                                     f"than the {world} DPxCP ranks at max_seq_len_per_rank {cap}")
+        def local(c):  # each sample's local tokens at CP size c (zigzag padded)
+            return 2 * -(-lengths // (2 * c)) if c > 1 else lengths
+
+        too_long = np.flatnonzero(local(world) > cap)  # Megatron always has the whole DPxCP group
+        if too_long.size:
+            i = int(too_long[0])
+            raise ValueError(f"sample_id_seqlens: sample {ids[i]} (length {int(lengths[i])}) needs more than the "
+                             f"{world} DPxCP ranks at max_seq_len_per_rank {cap}")
+        wide = local(self.max_cp) > cap if self.max_cp < world else np.zeros(len(lengths), dtype=bool)
         first = [(0, world, [i]) for i in np.flatnonzero(wide).tolist()]
         rest = np.flatnonzero(~wide)
         self.plan, best = None, (None, first)

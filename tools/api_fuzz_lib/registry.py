@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from . import reg_core, reg_cp_plan, reg_extra, reg_integrations, reg_more, reg_rl_sp
+from . import reg_core, reg_cp_plan, reg_extra, reg_integrations, reg_megatron_cp, reg_more, reg_rl_sp
 
 MODULES = ("packkit", "packkit.rl", "packkit.shared_prefix", "packkit.integrations.megatron",
            "packkit.integrations.verl", "packkit.integrations.verl_shared_prefix", "packkit.integrations.torchtitan",
@@ -120,7 +120,7 @@ CALLBACKS = {name: ("cost",) for name in (
 
 def build() -> dict:
     reg: dict = {}
-    for module in (reg_core, reg_rl_sp, reg_more, reg_extra, reg_cp_plan, reg_integrations):
+    for module in (reg_core, reg_rl_sp, reg_more, reg_extra, reg_cp_plan, reg_megatron_cp, reg_integrations):
         module.register(reg)
     for name, params in {**CALLBACKS, **reg_integrations.CALLBACK_APIS}.items():
         if name in reg:
