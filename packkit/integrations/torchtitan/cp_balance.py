@@ -14,9 +14,19 @@ import itertools
 
 import numpy as np
 
+from ...packing.checks import check_int
 from ...planning.planner import _cost_model
 
 MAX_SWAP_DOCS = 16  # rows of more documents try the fixed candidate orders only (swaps cost O(n^2) evaluations)
+
+
+def check_cp_degree(cp_degree, seq_len: int) -> int:
+    """``cp_degree`` as an int >= 1 with ``seq_len`` a multiple of ``2 * cp_degree`` (head-tail's chunks)."""
+    cp = check_int(cp_degree, "cp_degree", 1)
+    if cp > 1 and seq_len % (2 * cp):
+        raise ValueError(f"seq_len ({seq_len}) must be a multiple of 2 * cp_degree ({2 * cp}): torchtitan's "
+                         "head-tail CP sharding cuts each row in 2 * cp chunks")
+    return cp
 
 
 def token_work(cost) -> tuple[float, float]:

@@ -32,7 +32,7 @@ from ...planning.cost_model import transformer_cost
 from ...planning.planner import plan as make_plan
 from ...training.sampler.args import cost_tag
 from ..start_line import stream_start_line
-from .cp_balance import headtail_order, token_work
+from .cp_balance import check_cp_degree, headtail_order, token_work
 from .documents import fetch_documents, is_one_shot, iterable_of, read_documents, tokens_of
 
 OVERLONG = ("split", "drop", "error")
@@ -97,10 +97,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             raise ValueError(f"dp_world_size x local_batch_size = {self.dp_world_size * self.local_batch_size} rows "
                              f"per step; at most 2^16")
         self.buffer_size = check_int(buffer_size, "buffer_size", 1)
-        self.cp_degree = check_int(cp_degree, "cp_degree", 1)
-        if self.cp_degree > 1 and self.seq_len % (2 * self.cp_degree):
-            raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of 2 * cp_degree ({2 * self.cp_degree}): "
-                             "torchtitan's head-tail CP sharding cuts each row in 2 * cp chunks")
+        self.cp_degree = check_cp_degree(cp_degree, self.seq_len)
         if overlong not in OVERLONG:
             raise ValueError(f"overlong must be one of {', '.join(OVERLONG)}, got {overlong!r}")
         self.overlong = overlong
