@@ -20,7 +20,6 @@ import numpy as np
 
 from ..packing.checks import check_int
 from ..planning.context_parallel import plan_context_parallel
-from ..planning.cp_simulate import simulate_passes
 from ..planning.planner import _cost_model
 
 # A 7B dense model on H100 (benchmarks/bench_long_context.py's defaults): seconds per token and per token^2, CP
@@ -79,8 +78,26 @@ def schedule_passes(sample_id_group) -> list:
     return out
 
 
-def _one_per_sample(passes):
-    return [(range(s, s + c), [i]) for s, c, seqs in passes for i in seqs]
+def megatron_makespan(passes, lengths, costs, world: int, cp_comm: float, overhead: float) -> float:
+    """Makespan of ``passes`` (``[(start, size, seqs)]``) run as Megatron runs them, each sample its own pass of
+    ``overhead + t(s, c)`` (``packkit.planning.cp_simulate``'s model; a pass's samples are back to back on the same
+    ranks, so their sum is its time), each rank in list order, a pass starting when all its ranks are free."""
+    if not passes:
+        return 0.0
+    sizes = np.array([c for _, c, _ in passes], dtype=np.int64)
+    counts = np.array([len(q) for _, _, q in passes], dtype=np.int64)
+    seqs = np.concatenate([np.asarray(q, dtype=np.int64) for _, _, q in passes])
+    c = np.repeat(sizes, counts).astype(np.float64)
+    t = np.where(c == 1, costs[seqs], (costs[seqs] + cp_comm * (c - 1) * lengths[seqs]) / c) + overhead
+    offsets = np.minimum(np.concatenate([[0], np.cumsum(counts)[:-1]]), max(t.size - 1, 0))  # an empty pass: 0
+    durations = np.where(counts > 0, np.add.reduceat(t, offsets) if t.size else 0.0, 0.0).tolist()
+    free = np.zeros(world)
+    for (s, c, _), d in zip(passes, durations):
+        if c == 1:
+            free[s] += d
+        else:
+            free[s:s + c] = free[s:s + c].max() + d
+    return float(free.max())
 
 
 def _fits(lengths, seqs, c: int, cap: int) -> bool:
@@ -99,10 +116,10 @@ def _idle_blocks(busy: np.ndarray, world: int, max_cp: int) -> list:
     return out
 
 
-def fill_idle_ranks(passes, lengths, world: int, max_cp: int, cap: int, model: dict) -> list:
+def fill_idle_ranks(passes, lengths, world: int, max_cp: int, cap: int, timer) -> list:
     """``passes`` (``[(start, size, seqs)]``) with every rank in at least one (Megatron's consumer needs it). Each
     step takes, among the moves that leave fewer ranks idle, the one with the shortest makespan (each sample its
-    own pass, as Megatron runs them): widen a pass to the next block Megatron has a group for, move a pass to an
+    own pass, as Megatron runs them: ``timer(passes)``): widen a pass to the next block Megatron has a group for, move a pass to an
     idle block, or move one sequence of a pass of several to one. Without such a move the widest pass widens."""
     passes = [(int(s), int(c), list(q)) for s, c, q in passes]
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -136,7 +153,7 @@ def fill_idle_ranks(passes, lengths, world: int, max_cp: int, cap: int, model: d
             left = int((~covered).sum())
             if left >= idle:
                 continue
-            key = (simulate_passes(lengths, _one_per_sample(trial), world, **model)["makespan"], left)
+            key = (timer(trial), left)
             if best_key is None or key < best_key:
                 best, best_key = trial, key
         if best is None:
@@ -198,12 +215,17 @@ class PackkitCPScheduler:
         if not rest.size:
             return first
         folded = dict(self.model, cost=by_length, pass_overhead=0.0)
+        cp_comm = float(self.model["cp_comm"])
+
+        def timer(passes):
+            return megatron_makespan(passes, lengths, costs, world, cp_comm, o)
+
         for model in (self.model, folded) if o > 0 else (self.model,):
             plan = plan_context_parallel(lengths[rest], world, cap, cp_sizes="pow2", max_cp_size=self.max_cp,
                                          **model)
             passes = first + [(r.start, len(r), rest[q].tolist()) for r, q in plan.passes]
-            passes = fill_idle_ranks(passes, lengths, world, self.max_cp, cap, self.model)
-            t = simulate_passes(lengths, _one_per_sample(passes), world, **self.model)["makespan"]
+            passes = fill_idle_ranks(passes, lengths, world, self.max_cp, cap, timer)
+            t = timer(passes)
             if best[0] is None or t < best[0]:
                 best, self.plan = (t, passes), plan
         return best[1]
