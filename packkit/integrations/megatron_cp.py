@@ -87,8 +87,8 @@ def megatron_makespan(passes, lengths, costs, world: int, cp_comm: float, overhe
     sizes = np.array([c for _, c, _ in passes], dtype=np.int64)
     counts = np.array([len(q) for _, _, q in passes], dtype=np.int64)
     seqs = np.concatenate([np.asarray(q, dtype=np.int64) for _, _, q in passes])
-    c = np.repeat(sizes, counts).astype(np.float64)
-    t = np.where(c == 1, costs[seqs], (costs[seqs] + cp_comm * (c - 1) * lengths[seqs]) / c) + overhead
+    cs = np.repeat(sizes, counts).astype(np.float64)  # each sequence's CP size
+    t = np.where(cs == 1, costs[seqs], (costs[seqs] + cp_comm * (cs - 1) * lengths[seqs]) / cs) + overhead
     offsets = np.minimum(np.concatenate([[0], np.cumsum(counts)[:-1]]), max(t.size - 1, 0))  # an empty pass: 0
     durations = np.where(counts > 0, np.add.reduceat(t, offsets) if t.size else 0.0, 0.0).tolist()
     free = np.zeros(world)
@@ -118,9 +118,10 @@ def _idle_blocks(busy: np.ndarray, world: int, max_cp: int) -> list:
 
 def fill_idle_ranks(passes, lengths, world: int, max_cp: int, cap: int, timer) -> list:
     """``passes`` (``[(start, size, seqs)]``) with every rank in at least one (Megatron's consumer needs it). Each
-    step takes, among the moves that leave fewer ranks idle, the one with the shortest makespan (each sample its
-    own pass, as Megatron runs them: ``timer(passes)``): widen a pass to the next block Megatron has a group for, move a pass to an
-    idle block, or move one sequence of a pass of several to one. Without such a move the widest pass widens."""
+    step takes, among the moves that leave fewer ranks idle, the one with the shortest ``timer(passes)`` (each
+    sample its own pass, as Megatron runs them): widen a pass to the next block Megatron has a group for, move a
+    pass to a wider idle block, or move one sequence of a pass of several to one. Without such a move the widest
+    pass widens one step."""
     passes = [(int(s), int(c), list(q)) for s, c, q in passes]
     lengths = np.asarray(lengths, dtype=np.int64)
     while passes:
