@@ -266,7 +266,11 @@ def install(**planner_kwargs) -> None:
     unknown = set(planner_kwargs) - set(DEFAULT_MODEL)
     if unknown:
         raise TypeError(f"install() got unknown arguments {sorted(unknown)}; allowed: {sorted(DEFAULT_MODEL)}")
-    module = importlib.import_module(_DATA_SCHEDULE)
+    try:
+        module = importlib.import_module(_DATA_SCHEDULE)
+    except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without Megatron-Core
+        raise ModuleNotFoundError("install() patches Megatron-Core's hybrid-CP data path: pip install "
+                                  "'packkit[megatron]'", name=exc.name) from exc
     PackkitCPScheduler(1, _Size(1), **planner_kwargs)  # refuse bad flags now, not at Megatron's first batch
 
     class _Installed(PackkitCPScheduler):
