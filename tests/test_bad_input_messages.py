@@ -89,3 +89,28 @@ def test_cost_callback_returns_one_rule(entry, label):
     with pytest.raises(ValueError, match=r"cost callable.* " + match):
         calls[entry](bad)
     calls[entry](lambda x: np.asarray(x, np.float64) ** 2)  # a real cost plans
+
+
+def test_meta_tensors_named_across_entry_points():
+    """Found by the API fuzzer's meta draw (every tensor argument moved to the meta device): these raised
+    NotImplementedError ("Cannot copy out of meta tensor"), a RuntimeError or a message naming another argument."""
+    batch, info = packkit.pack_sequences([[1, 2, 3], [4, 5]], return_info=True)
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    shard, cp_info = packkit.shard_context_parallel(batch, 2, 0, return_info=True)
+    cases = [
+        (lambda: packkit.shard_context_parallel(meta, 2, 0), r"batch\['input_ids'\] " + META),
+        (lambda: packkit.unpack_sequences(batch["input_ids"].to("meta"), info), r"packed " + META),
+        (lambda: packkit.pack_on_device(torch.tensor([1, 2, 3], device="meta"), torch.tensor([3]), 8),
+         r"input_ids " + META),
+        (lambda: packkit.pack_on_device(torch.tensor([1, 2, 3]), torch.tensor([3], device="meta"), 8),
+         r"lengths " + META),
+        (lambda: rl.rollout_layout(torch.ones(2, 4, dtype=torch.long, device="meta")), r"attention_mask " + META),
+        (lambda: packkit.document_causal_block_mask(torch.zeros(8, dtype=torch.long, device="meta")),
+         r"seq_idx " + META),
+        (lambda: packkit.unshard_context_parallel(torch.zeros(2, shard["input_ids"].numel(), device="meta"), cp_info),
+         r"gathered " + META),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+    assert packkit.unpack_sequences(batch["input_ids"], info).tolist() == [1, 2, 3, 4, 5]

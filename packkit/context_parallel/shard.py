@@ -20,7 +20,8 @@ import torch
 
 from ..packing import ops
 from ..packing.backend_check import HOST, on_host
-from ..packing.checks import check_bool, check_fill, check_int, check_padding, integer_tokens
+from ..packing.checks import (check_bool, check_fill, check_int, check_padding, integer_tokens, refuse_meta,
+                              refuse_meta_batch)
 from ..packing.sequences import PackInfo, _backend_for
 from ..packing.tensors import host_tensor, to_device
 from ..planning.planner import as_lengths
@@ -145,6 +146,7 @@ def _host_cu(batch, lengths, pack_info) -> np.ndarray:
     cu = batch.get("cu_seq_lens_q")
     if cu is None:
         raise ValueError("the batch has no cu_seq_lens_q; pass lengths= (segment lengths) or pack_info=")
+    refuse_meta(cu, "batch['cu_seq_lens_q']")
     return torch.as_tensor(cu).to("cpu", torch.int64).numpy()  # on a GPU: the one host sync
 
 
@@ -291,6 +293,7 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
     ids_in = batch["input_ids"]
     if not isinstance(ids_in, torch.Tensor):
         raise TypeError("batch['input_ids'] must be a tensor")
+    refuse_meta_batch(batch, "batch")
     already = [k for k in CP_OUTPUT_KEYS if k in batch]
     if already:  # a shard of a shard would split the rank's tokens again and recompute shift_labels from them
         raise ValueError(f"the batch already has {already[0]!r}: it is a context-parallel shard (or carries that "
@@ -356,6 +359,8 @@ def unshard_context_parallel(gathered: Union[torch.Tensor, Sequence[torch.Tensor
         raise TypeError(f"info must be a CPShardInfo (shard_context_parallel(..., return_info=True)), got "
                         f"{type(info).__name__}")
     cp, n = info.cp_size, info.local_len
+    gathered = gathered if isinstance(gathered, torch.Tensor) else list(gathered)  # an iterator read once
+    refuse_meta_batch(gathered, "gathered")
     if not isinstance(gathered, torch.Tensor):
         parts = list(gathered)
         if len(parts) != cp:

@@ -95,6 +95,18 @@ def refuse_meta(value, name: str) -> None:
                          f"reads token values; pass a CPU or CUDA tensor")
 
 
+def refuse_meta_batch(batch, name: str) -> None:
+    """:func:`refuse_meta` for every tensor of a dict batch (``batch['input_ids']`` named), O(number of keys)."""
+    if isinstance(batch, dict):
+        for key, value in batch.items():
+            refuse_meta(value, f"{name}[{key!r}]")
+    elif isinstance(batch, (list, tuple)):
+        for i, value in enumerate(batch):
+            refuse_meta(value, f"{name}[{i}]")
+    else:
+        refuse_meta(batch, name)
+
+
 def outside_int64(sequences) -> Optional[tuple]:
     """On the error path only: ``(i, k, value, note)`` of the first token id beyond int64 (a uint64 id or a Python
     int >= 2**63, which array('q') refuses as "int too big" and a cast would wrap to a negative id), else None."""

@@ -361,6 +361,7 @@ def unpack_sequences(packed: torch.Tensor, info: PackInfo, *, padded: bool = Fal
     """
     if not isinstance(packed, torch.Tensor):
         raise TypeError(f"packed must be a tensor (the model's per-token output), got {type(packed).__name__}")
+    refuse_meta(packed, "packed")
     if not isinstance(info, PackInfo):
         raise TypeError(f"info must be the PackInfo of pack_sequences(..., return_info=True), got "
                         f"{type(info).__name__}")
@@ -405,6 +406,8 @@ def pack_on_device(input_ids: torch.Tensor, lengths: torch.Tensor, capacity: int
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1:
         raise TypeError("input_ids must be a flat 1-D tensor of all sequences' tokens")
+    refuse_meta(input_ids, "input_ids")
+    refuse_meta(lengths, "lengths")
     if isinstance(lengths, torch.Tensor):
         if lengths.dim() != 1 or lengths.dtype.is_floating_point:
             raise TypeError("lengths must be a 1-D integer tensor")

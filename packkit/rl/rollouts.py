@@ -17,6 +17,7 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
+from ..packing.checks import refuse_meta
 from ..packing.sequences import _backend_for, _op, pack_layout, PackLayout
 from ..packing.tensors import host_tensor, to_device
 from ..planning.planner import Segments
@@ -48,6 +49,7 @@ def _check_mask_tensor(attention_mask) -> None:
         raise TypeError(f"attention_mask must be a [batch, seq_len] tensor of 0/1 (bool or integer), got "
                         f"{type(attention_mask).__name__}"
                         f"{' of shape ' + str(tuple(attention_mask.shape)) if isinstance(attention_mask, torch.Tensor) else ''}")
+    refuse_meta(attention_mask, "attention_mask")
     if attention_mask.is_complex():
         raise TypeError(f"attention_mask must hold 0/1 (bool, integer or float), got dtype {attention_mask.dtype}")
 

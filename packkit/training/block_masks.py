@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from ..packing.checks import check_int
+from ..packing.checks import check_int, refuse_meta
 
 MAX_BLOCK_SIZE = 1 << 16
 
@@ -104,6 +104,7 @@ def _documents(seq_idx: torch.Tensor) -> torch.Tensor:
     if not isinstance(seq_idx, torch.Tensor) or seq_idx.is_floating_point() or seq_idx.is_complex():
         raise TypeError(f"seq_idx must be an integer tensor of segment ids, got "
                         f"{getattr(seq_idx, 'dtype', type(seq_idx).__name__)}")
+    refuse_meta(seq_idx, "seq_idx")
     doc = seq_idx if seq_idx.dim() == 2 else seq_idx.unsqueeze(0)
     if doc.dim() != 2:
         raise ValueError(f"seq_idx must be [B, T] or [T], got shape {tuple(seq_idx.shape)}")

@@ -86,6 +86,8 @@ def _cpu_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window=None, c
 def _check_cpu_boundaries(module, cu_q, cu_k, max_q, max_k, tokens: int) -> None:
     """A CPU batch's boundaries are host data: check them (free) so that no token is left out of every document."""
     for name, cu, longest in (("cu_seq_lens_q", cu_q, max_q), ("cu_seq_lens_k", cu_k, max_k)):
+        if cu.is_meta:  # metadata only: nothing to check, nothing to attend over
+            raise refusal(NAME, module, f"{name} is a meta tensor", "meta tensors carry no data; pass the batch's own")
         if cu.dim() != 1 or cu.numel() < 2 or cu.is_floating_point():
             raise refusal(NAME, module, f"{name} of shape {tuple(cu.shape)} and dtype {cu.dtype}",
                           "it must be a 1-D integer tensor [0, ..., tokens] of at least 2 entries")

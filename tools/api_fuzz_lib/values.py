@@ -121,9 +121,32 @@ def drawn_kind(param: inspect.Parameter, base) -> str:
     return kind
 
 
+def _to_meta(x):
+    """``x`` with every tensor in it (a dict's values, a list's items) on the meta device: shapes, no data."""
+    if isinstance(x, torch.Tensor):
+        return x.to("meta")
+    if isinstance(x, dict):
+        return {k: _to_meta(v) for k, v in x.items()}
+    if type(x) in (list, tuple):  # not a NamedTuple of metadata (a stale info is the stale class's)
+        return type(x)(_to_meta(v) for v in x)
+    return x
+
+
+def _has_tensor(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return x.numel() > 0
+    if isinstance(x, dict):
+        return any(_has_tensor(v) for v in x.values())
+    if type(x) in (list, tuple):
+        return len(x) < 64 and any(_has_tensor(v) for v in x)
+    return False
+
+
 def draws(param: inspect.Parameter, base) -> list:
     """[(cls, Value)] for one parameter whose baseline value is ``base``."""
     kind = drawn_kind(param, base)
+    if _has_tensor(base):  # issue 57: a meta tensor carries no data; refused by name, never NotImplementedError
+        return [("device", Value("meta tensors", lambda b=base: _to_meta(b), "refuse"))]
     num = base if isinstance(base, (int, float)) and not isinstance(base, bool) else 1
     out = []
     if kind == "choice" and isinstance(base, str) and re.fullmatch(r"-?[0-9.]+", base):
