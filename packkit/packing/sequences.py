@@ -142,20 +142,26 @@ def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
                         f"got {type(sequences).__name__}")
     if all(isinstance(s, torch.Tensor) for s in sequences) and sequences:
         for i, s in enumerate(sequences):
-            refuse_meta(s, f"{name}[{i}]")
             if s.dim() < 1:
                 raise ValueError(f"{name}[{i}] is a 0-d tensor; each sequence must be at least 1-D")
             if s.shape[1:] != sequences[0].shape[1:]:  # torch.cat would raise a RuntimeError
                 raise ValueError(f"{name}[{i}] has shape {tuple(s.shape)} but {name}[0] has "
                                  f"{tuple(sequences[0].shape)}; sequences may differ only in their first dim")
         lengths = np.array([s.shape[0] for s in sequences], np.int64)
-        return torch.cat(list(sequences)), lengths
+        try:
+            flat = torch.cat(list(sequences))
+        except RuntimeError:
+            _refuse_meta_items(sequences, name)  # one meta tensor among others: named, not torch's device error
+            raise
+        if flat.is_meta:  # one test of the result, not one per sequence (Tensor.is_meta is ~170 ns a call)
+            _refuse_meta_items(sequences, name)
+        return flat, lengths
     lengths = np.empty(len(sequences), np.int64)
     for i, s in enumerate(sequences):
         if isinstance(s, (str, bytes)) or not hasattr(s, "__len__"):
             raise TypeError(f"{name}[{i}] is a {type(s).__name__}; each sequence must be a list, array or tensor "
                             f"of token ids")
-        if type(s) is not list:  # lists (the common case) skip the tensor test
+        if type(s) is not list and isinstance(s, torch.Tensor) and s.is_meta:  # lists (the common case): one test
             refuse_meta(s, f"{name}[{i}]")
         lengths[i] = len(s)
     try:  # array('q') rejects floats instead of truncating them (np.fromiter would truncate 1.5 to 1);
@@ -167,6 +173,11 @@ def flatten_sequences(sequences, lengths=None, *, name: str = "sequences"):
             raise ValueError(int64_message(f"{name}[{big[0]}][{big[1]}]", *big[2:])) from None
         raise TypeError(f"{name}: every element must be an integer token id ({exc})") from None
     return torch.from_numpy(values), lengths
+
+
+def _refuse_meta_items(sequences, name: str) -> None:
+    for i, s in enumerate(sequences):
+        refuse_meta(s, f"{name}[{i}]")
 
 
 def _count(value, name: str) -> int:
