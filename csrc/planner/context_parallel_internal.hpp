@@ -31,7 +31,7 @@ struct Ctx {
   double t(int64_t i, int64_t c) const;                    // seconds of sequence i on c ranks at speed 1
   bool fits(int64_t i, size_t k) const;                    // some group of size sizes[k] holds it
   double best_pass_time(int64_t i, size_t k) const;        // alone in a pass on the fastest such group
-  double lower_bound() const;
+  double lower_bound(bool barrier_term) const;  // barrier_term: add the "pass" barrier's (certified under it)
   // The "pass" barrier's term of lower_bound: over the 64 costliest sequences (top[0..k_top)).
   double barrier_bound(const std::vector<int64_t>& top, size_t k_top, double work, double rank_passes) const;
   std::vector<int32_t> choose_sizes(double target) const;  // size index per sequence
