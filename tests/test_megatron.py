@@ -247,3 +247,17 @@ def test_padding_tail_is_a_masked_segment():
     for key in plain:
         assert torch.equal(tail[key][:, :16], plain[key]), key
     assert tail["loss_mask"][0, 16:].sum() == 0 and (tail["tokens"][0, 16:] == 0).all()
+
+
+def test_megatron_cp_size_bounded_and_meta_batch_refused():
+    """packed_seq_params pads every document to 2 * cp_size: cp_size=2**18 took ~228 MB for a few tokens, now a
+    ValueError naming cp_size; thd_batch_on_cp_rank handed a meta batch back, now refused by name."""
+    from packkit.integrations import megatron
+
+    batch = packkit.pack_sequences([[1, 2, 3], [4, 5]])
+    with pytest.raises(ValueError, match=r"cp_size must be in \[1, 65536\], got 262144"):
+        megatron.packed_seq_params(batch, cp_size=2**18)
+    out, params = megatron.packed_seq_params(batch, cp_size=2)
+    meta = {k: v.to("meta") for k, v in out.items()}
+    with pytest.raises(ValueError, match=r"batch\['tokens'\] is a meta tensor"):
+        megatron.thd_batch_on_cp_rank(meta, params, 2, 0)

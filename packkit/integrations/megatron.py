@@ -23,13 +23,15 @@ import numpy as np
 import torch
 
 from ..context_parallel.shard import _flat_tokens, _host_cu, _src_index_host
-from ..packing.checks import check_bool, check_fill, check_int, check_padding
+from ..packing.checks import check_bool, check_fill, check_int, check_padding, refuse_meta_batch
 from ..packing.tensors import host_tensor, to_device
 from .megatron_cp import PackkitCPScheduler  # noqa: F401  (re-exported: dynamic CP, hybrid-CP data path)
 from .megatron_cp import install as install_cp_scheduler  # noqa: F401
 from .megatron_cp import uninstall as uninstall_cp_scheduler  # noqa: F401
 
-MAX_PARALLEL = 1 << 24
+# Parallel sizes (cp, tp) up to 2**16: packed_seq_params pads every document to a multiple of 2 * cp_size, so the
+# output is sized by cp_size (2**18 took ~228 MB for a few tokens; 2**16, 21 MB); no CP group is wider.
+MAX_PARALLEL = 1 << 16
 MEGATRON_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 
 
@@ -146,6 +148,7 @@ def thd_batch_on_cp_rank(batch: dict, params, cp_size: int, cp_rank: int) -> dic
         raise ValueError(f"cp_size must be in [1, {MAX_PARALLEL}], got {cp_size}")
     if cp_rank >= cp_size:
         raise ValueError(f"cp_rank must be in [0, {cp_size}), got {cp_rank}")
+    refuse_meta_batch(batch, "batch")
     if getattr(params, "qkv_format", None) != "thd" or params.cu_seqlens_q_padded is None:
         raise TypeError("params must be the PackedSeqParams of packed_seq_params (qkv_format='thd', padded cu_seqlens)")
     cup = params.cu_seqlens_q_padded.to("cpu", torch.int64).numpy()

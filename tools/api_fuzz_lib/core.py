@@ -124,13 +124,10 @@ def judge(api: Api, param: str, cls: str, label: str, expect: str) -> dict:
 SIZES_CPU_S, SIZES_MB = 0.5, 200  # the "sizes" oracle: per call over the baseline's few tokens
 # The numeric class's huge ints, when drawn for a count (a size argument), are held to the same bound.
 HUGE = {"2**31-1", "2**31+1", "2**53+1", "2**62+1", "2**63-1", "2**64"}
-# Open (issue 57, found by the sizes oracle): packed_seq_params pads every document to a multiple of 2 * cp_size, so at
-# cp_size=2**18 its output is ~2**19 positions per document (+228 MB) -- sized by cp_size by its semantics; its bound
-# (megatron.MAX_PARALLEL = 2**24) is the integration owner's to lower (docs/reliability.md).
-SIZES_OPEN = {("packkit.integrations.megatron.packed_seq_params", "cp_size")}
+# Sizes the oracle finds whose fix is still open (none: packed_seq_params' cp_size is bounded at 2**16 now).
+SIZES_OPEN: set = set()
 # Failures found and reported whose fix lies in a file another change owns (docs/reliability.md lists each).
-OPEN = {("packkit.integrations.megatron.thd_batch_on_cp_rank", "batch", "meta tensors"):
-        "a meta batch comes back as a meta batch (megatron.py: refuse_meta_batch(batch, 'batch') at entry)"}
+OPEN: dict = {}
 
 
 def _sized(api: Api, param: str, cls: str, label: str) -> bool:
