@@ -306,6 +306,25 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
       }
       return -1;
     };
+    // A sequence that would wait for a later step joins a wider pass of this step instead, sharded at that
+    // pass's size, where its tokens fit and the pass stays within the step's length: the step lasts as long
+    // anyway (a long step's cap-limited ranks idle otherwise) and later steps get less to do.
+    const bool join_wider = (order & 4) != 0;
+    auto try_wider = [&](int64_t i, size_t k) -> bool {
+      if (!join_wider || limit < 0) return false;
+      for (size_t k2 = k + 1; k2 < x.sizes.size(); ++k2) {
+        if (open[k2].empty()) continue;
+        const int64_t p = open[k2].top().second;
+        const int64_t c2 = x.sizes[k2], tok2 = cp_local_tokens(x.L[i], c2);
+        const double t2 = x.t(i, c2);
+        if (ps.tokens[p] + tok2 > ps.cap[p] || O + (ps.work[p] + t2) / ps.speed[p] > limit) continue;
+        open[k2].pop();
+        ps.add(p, i, tok2, t2);
+        open[k2].emplace(ps.duration(p), p);
+        return true;
+      }
+      return false;
+    };
     int64_t free_ranks = W, misses = 0;
     for (size_t q = 0; q < remaining.size(); ++q) {
       // A step with no free rank left that keeps refusing sequences is full: the rest waits (keeps the
@@ -336,6 +355,10 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
       if (s >= 0)
         for (int64_t r = s; r < s + c; ++r) sp = std::min(sp, speed[r]), cap = std::min(cap, caps[r]);
       if (s < 0 || cap < tok || (limit >= 0 && O + ti / sp > limit)) {
+        if (try_wider(i, k)) {
+          misses = 0;
+          continue;
+        }
         deferred.push_back(i);
         ++misses;
         continue;

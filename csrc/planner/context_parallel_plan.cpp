@@ -271,53 +271,64 @@ CpPlan plan_context_parallel(const int64_t* lengths, const double* costs, int64_
   std::vector<double> multipliers = {1.0, 1.03, 1.1, 1.25, 1.5, 2.0, 3.0, std::numeric_limits<double>::infinity(), 0.0};
   if (opts.pass_barrier)
     for (double m = 0.5; m > 0.1; m *= 0.5) multipliers.push_back(m);
-  CpPlan best;
-  best.makespan = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<int32_t>> tried;
   int64_t candidates = 0;
-  std::vector<int32_t> best_chosen;
-  int best_order = 0;
   auto build = [&](const std::vector<int32_t>& chosen, int order) {
     ++candidates;
     return opts.pass_barrier ? cp_detail::build_steps(ctx, chosen, order) : cp_detail::build_list(ctx, chosen, order);
   };
-  for (double m : multipliers) {
-    auto chosen = ctx.choose_sizes(bound * m);
-    if (std::find(tried.begin(), tried.end(), chosen) != tried.end()) continue;
-    for (int order = 0; order < (opts.pass_barrier ? 4 : 2); ++order) {
-      CpPlan plan = build(chosen, order);
-      if (plan.makespan < best.makespan) best = std::move(plan), best_chosen = chosen, best_order = order;
+  // One search per family of builder orders (under the barrier: without, then with short sequences joining wider
+  // passes, order bit 2), each with its own critical-pass widening; the shorter wins. Separate, so a family that
+  // helps most batches never makes one worse through the greedy widening that follows it.
+  auto search = [&](int first_order, int end_order) {
+    CpPlan best;
+    best.makespan = std::numeric_limits<double>::infinity();
+    std::vector<std::vector<int32_t>> tried;
+    std::vector<int32_t> best_chosen;
+    int best_order = first_order;
+    for (double m : multipliers) {
+      auto chosen = ctx.choose_sizes(bound * m);
+      if (std::find(tried.begin(), tried.end(), chosen) != tried.end()) continue;
+      for (int order = first_order; order < end_order; ++order) {
+        CpPlan plan = build(chosen, order);
+        if (plan.makespan < best.makespan) best = std::move(plan), best_chosen = chosen, best_order = order;
+      }
+      tried.push_back(std::move(chosen));
     }
-    tried.push_back(std::move(chosen));
-  }
-  // Critical-pass widening: the costliest sequence of the pass that ends last (under the barrier: the longest
-  // pass) gets the next wider feasible size (about twice as wide), while that shortens the makespan. Targets
-  // miss this where a wide sequence's successor waits for it (few sequences per rank).
-  for (int round = 0; round < 8 && n > 0 && best.makespan > bound * 1.001; ++round) {
-    size_t crit = 0;
-    for (size_t p = 1; p < best.start.size(); ++p) {
-      const double end_p = opts.pass_barrier ? best.duration[p] : best.start[p] + best.duration[p];
-      const double end_c = opts.pass_barrier ? best.duration[crit] : best.start[crit] + best.duration[crit];
-      if (end_p > end_c) crit = p;
+    // Critical-pass widening: the costliest sequence of the pass that ends last (under the barrier: the longest
+    // pass) gets the next wider feasible size (about twice as wide), while that shortens the makespan. Targets
+    // miss this where a wide sequence's successor waits for it (few sequences per rank).
+    for (int round = 0; round < 8 && n > 0 && best.makespan > bound * 1.001; ++round) {
+      size_t crit = 0;
+      for (size_t p = 1; p < best.start.size(); ++p) {
+        const double end_p = opts.pass_barrier ? best.duration[p] : best.start[p] + best.duration[p];
+        const double end_c = opts.pass_barrier ? best.duration[crit] : best.start[crit] + best.duration[crit];
+        if (end_p > end_c) crit = p;
+      }
+      int64_t victim = -1;
+      double victim_t = -1.0;
+      for (int64_t q = best.offsets[crit]; q < best.offsets[crit + 1]; ++q) {
+        const int64_t i = best.seqs[q];
+        const double ti = ctx.t(i, ctx.sizes[best_chosen[i]]);
+        if (ti > victim_t) victim = i, victim_t = ti;
+      }
+      if (victim < 0) break;
+      const size_t cur = static_cast<size_t>(best_chosen[victim]);
+      size_t k = cur + 1;
+      while (k < ctx.sizes.size() && (ctx.sizes[k] < 2 * ctx.sizes[cur] || !ctx.fits(victim, k))) ++k;
+      if (k == ctx.sizes.size()) break;
+      auto chosen = best_chosen;
+      chosen[victim] = static_cast<int32_t>(k);
+      CpPlan plan = build(chosen, best_order);
+      if (!(plan.makespan < best.makespan)) break;
+      best = std::move(plan);
+      best_chosen = std::move(chosen);
     }
-    int64_t victim = -1;
-    double victim_t = -1.0;
-    for (int64_t q = best.offsets[crit]; q < best.offsets[crit + 1]; ++q) {
-      const int64_t i = best.seqs[q];
-      const double ti = ctx.t(i, ctx.sizes[best_chosen[i]]);
-      if (ti > victim_t) victim = i, victim_t = ti;
-    }
-    if (victim < 0) break;
-    const size_t cur = static_cast<size_t>(best_chosen[victim]);
-    size_t k = cur + 1;
-    while (k < ctx.sizes.size() && (ctx.sizes[k] < 2 * ctx.sizes[cur] || !ctx.fits(victim, k))) ++k;
-    if (k == ctx.sizes.size()) break;
-    auto chosen = best_chosen;
-    chosen[victim] = static_cast<int32_t>(k);
-    CpPlan plan = build(chosen, best_order);
-    if (!(plan.makespan < best.makespan)) break;
-    best = std::move(plan);
-    best_chosen = std::move(chosen);
+    return best;
+  };
+  CpPlan best = search(0, opts.pass_barrier ? 4 : 2);
+  if (opts.pass_barrier) {
+    CpPlan joined = search(4, 8);
+    if (joined.makespan < best.makespan) best = std::move(joined);
   }
   best.lower_bound = opts.pass_barrier ? std::max(bound, ctx.lower_bound(true)) : bound;
   best.candidates = candidates;
