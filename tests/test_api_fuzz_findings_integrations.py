@@ -30,8 +30,11 @@ def test_megatron_parallel_sizes_bounded_and_named():
 
     with pytest.raises(ValueError, match="cp_size must be in"):
         megatron_pad_multiple(2**64, 1, False)
-    with pytest.raises(ValueError, match=r"cp_size=16777216, tp_size=1.*refuses more than"):
-        packed_seq_params(packkit.pack_sequences(SEQS, capacity=16), cp_size=2**24)
+    batch = packkit.pack_sequences(SEQS, capacity=16)
+    with pytest.raises(ValueError, match=r"cp_size must be in \[1, 65536\], got 16777216"):  # sized by cp_size
+        packed_seq_params(batch, cp_size=2**24)
+    with pytest.raises(ValueError, match=r"multiple of 4294967296 for cp_size=65536, tp_size=65536"):
+        packed_seq_params(batch, cp_size=2**16, tp_size=2**16, sequence_parallel=True)
 
 
 def test_torchtitan_stream_sizes_named_before_allocating():
