@@ -88,3 +88,12 @@ def test_multipack_sampler_cost_callback_checked():
     with pytest.raises(ValueError, match=r"cost callable .*shape"):
         list(_sampler(cost=lambda x: np.asarray(x, float)[:-1]))
     assert len(list(_sampler(cost=lambda x: np.asarray(x, float) ** 2))) >= 2
+
+
+def test_multipack_sampler_takes_axolotls_unset_config_keys():
+    """axolotl's calculate_total_num_steps passes cfg.sample_packing_group_size and friends, None when unset (CI's
+    axolotl entry-point run raised 'group_size must be an int, got NoneType None'); None is the default there."""
+    want = [list(map(list, b)) for b in _sampler()]
+    got = _sampler(group_size=None, num_count_samples=None, packing_efficiency_estimate=None, sequential=None,
+                   num_processes=None, safe_mode=None)
+    assert [list(map(list, b)) for b in got] == want

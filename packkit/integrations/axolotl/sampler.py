@@ -103,10 +103,13 @@ class MultipackBatchSampler(BatchSampler):
         if not hasattr(sampler, "__iter__"):
             raise TypeError(f"sampler must be a torch Sampler or an iterable of dataset indices, got "
                             f"{type(sampler).__name__}")
-        # axolotl's own packer knobs: unused here, but a wrong one is still refused, by name (it was a typo there too)
-        check_args(Int("batch_size", 1, MAX_RANKS), Real("packing_efficiency_estimate", 0.0, 1.0),
-                   Int("num_count_samples", 1), Int("group_size", 1), Int("num_processes", 1, optional=True),
-                   Bool("safe_mode"), Choice("mp_start_method", ("fork", "spawn", "forkserver")),
+        # axolotl's own packer knobs: unused here, but a wrong one is still refused, by name (it was a typo there too).
+        # None is what axolotl's own entry points pass for an unset config key (calculate_total_num_steps hands over
+        # cfg.sample_packing_group_size, None unless set; its sampler reads `packing_efficiency_estimate or 1.0`).
+        check_args(Int("batch_size", 1, MAX_RANKS), Real("packing_efficiency_estimate", 0.0, 1.0, optional=True),
+                   Int("num_count_samples", 1, optional=True), Int("group_size", 1, optional=True),
+                   Int("num_processes", 1, optional=True), Bool("safe_mode", optional=True),
+                   Choice("mp_start_method", ("fork", "spawn", "forkserver")),
                    values=(batch_size, packing_efficiency_estimate, num_count_samples, group_size, num_processes,
                            safe_mode, mp_start_method))
         self.batch_max_len = int_arg(batch_max_len, "batch_max_len")
