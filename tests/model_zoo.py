@@ -194,6 +194,8 @@ def fp64_everywhere(model, monkeypatch) -> None:
     for name in {c.__module__ for c in classes}:  # module functions: eager attention, rotary helpers
         module = sys.modules[name]
         for attr, function in list(vars(module).items()):
+            if hasattr(function, "__packkit_original__"):  # a stand-in prepare_model installed: it wraps, not casts
+                continue
             if inspect.isfunction(function) and function.__module__ == name and _fp64_source(function) is not None:
                 monkeypatch.setattr(module, attr, _recompiled(function))
 

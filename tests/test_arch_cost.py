@@ -60,6 +60,9 @@ def _forward_flops(config, attn: str, length: int) -> int:
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn,
                                                               experts_implementation="eager").eval()
+    # frozen: FlopCounterMode's module tracker hooks the grads of every module call's inputs, and transformers >= 5.25
+    # calls a conv1d weight through the kernels package's Func module (under no_grad it finds no grad_fn and raises)
+    model.requires_grad_(False)
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
         model(input_ids=torch.randint(3, 100, (1, length)), use_cache=False)

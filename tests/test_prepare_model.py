@@ -190,12 +190,17 @@ def test_training_mode_and_padded_rows_are_exact(name, layout):
 
 
 # -- the real kernels: fake packages that record what reaches them -------------------------------------------
-def _fake_packages(monkeypatch, module, calls):
+def _fake_packages(monkeypatch, module, calls, cpu_supported=True):
     """Install fake causal_conv1d / fla packages and re-decorate ``module``'s torch references with transformers'
     own decorator, as an import with the packages present would have; the fakes record their keyword arguments and
-    compute each document with the torch reference (so the model runs)."""
-    conv_ref = module.causal_conv1d_fn.__wrapped__
-    delta_ref = module.torch_chunk_gated_delta_rule.__wrapped__
+    compute each document with the torch reference (so the model runs). From transformers 5.25 a package's kernel
+    runs only on the devices it lists: ``cpu_supported`` lists the CPU, as a GPU would be, or leaves it out."""
+    conv_ref = pk_kernels.torch_reference(module.causal_conv1d_fn)
+    delta_ref = pk_kernels.torch_reference(module.torch_chunk_gated_delta_rule)
+    devices = getattr(hub_kernels, "_PACKAGE_SUPPORTED_DEVICES", None)
+    if devices is not None:
+        monkeypatch.setattr(hub_kernels, "_PACKAGE_SUPPORTED_DEVICES", {
+            package: (*listed, "cpu") if cpu_supported else listed for package, listed in devices.items()})
 
     def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
                          final_states_out=None, activation=None):
@@ -225,7 +230,7 @@ def _fake_packages(monkeypatch, module, calls):
     monkeypatch.setattr(module, "causal_conv1d_fn", deco("causal_conv1d_fn", "causal_conv1d")(conv_ref))
     monkeypatch.setattr(module, "torch_chunk_gated_delta_rule", deco("chunk_gated_delta_rule", "fla")(delta_ref))
     monkeypatch.setattr(module, "torch_recurrent_gated_delta_rule", deco("fused_recurrent_gated_delta_rule", "fla")(
-        module.torch_recurrent_gated_delta_rule.__wrapped__))
+        pk_kernels.torch_reference(module.torch_recurrent_gated_delta_rule)))
 
 
 def test_real_kernels_get_the_batch_boundaries_unchanged(monkeypatch):
@@ -237,11 +242,17 @@ def test_real_kernels_get_the_batch_boundaries_unchanged(monkeypatch):
     want = per_sample_logits(model, FEATURES)
     calls.clear()
     table = packkit.packing_support(model)
-    assert table["position_ids"].status == "exact"  # the kernels keep the documents apart: nothing to install
+    # the kernels keep the documents apart: nothing to install, or (transformers >= 5.25) a stand-in for the devices
+    # the packages do not run on
+    per_device = any(k.devices is not None for k in packkit.models.support.analyse(model).kernels)
+    assert table["position_ids"].status == ("exact after prepare_model" if per_device else "exact")
     before = module_state(model)
     packkit.prepare_model(model)
     try:
-        assert module_state(model) == before
+        # nothing installed, or (transformers >= 5.25: kernels per device) stand-ins that hand a supported
+        # device's call on unchanged
+        changed = {k for k, v in module_state(model).items() if v is not before[k]}
+        assert all(hasattr(module_state(model)[k], "__packkit_original__") for k in changed)
         batch = packkit.PackingCollator()(FEATURES)
         batch.pop("labels")
         logits = model(**batch, use_cache=False).logits[0]
@@ -270,7 +281,10 @@ def test_real_kda_kernel_gets_cu_seqlens(monkeypatch):
         return torch.zeros_like(v), None
 
     monkeypatch.setitem(sys.modules, "fla", types.SimpleNamespace(chunk_kda=chunk_kda))
-    reference = module.chunk_kimi_delta_attention.__wrapped__
+    reference = pk_kernels.torch_reference(module.chunk_kimi_delta_attention)
+    devices = getattr(hub_kernels, "_PACKAGE_SUPPORTED_DEVICES", None)
+    if devices is not None:  # the fake fla runs on the CPU, as the real one on a GPU
+        monkeypatch.setitem(hub_kernels._PACKAGE_SUPPORTED_DEVICES, "fla", (*devices.get("fla", ()), "cpu"))
     monkeypatch.setattr(module, "chunk_kimi_delta_attention",
                         hub_kernels.use_kernel_func_from_hub_with_fallback("chunk_kda", "fla")(reference))
     conv = module.causal_conv1d_fn
@@ -291,6 +305,68 @@ def test_real_kda_kernel_gets_cu_seqlens(monkeypatch):
         patch.setattr(module, "causal_conv1d_fn", pk)
         model(**batch, use_cache=False)
     assert seen and all(cu is None for cu in seen)
+
+
+def test_packages_installed_but_not_for_this_device_run_per_document(monkeypatch):
+    """transformers >= 5.25 with causal_conv1d / fla installed and CPU inputs: its wrapper takes the torch path,
+    which refuses a packed call; prepare_model's stand-in runs it per document (exact), and the package's kernel is
+    never reached."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as module
+
+    if not hasattr(hub_kernels, "_PACKAGE_SUPPORTED_DEVICES"):
+        pytest.skip("this transformers runs an installed package's kernel on every device")
+    calls = []
+    _fake_packages(monkeypatch, module, calls, cpu_supported=False)
+    model = build("qwen3_5_text")
+    want = per_sample_logits(model, FEATURES)
+    batch = packkit.PackingCollator()(FEATURES)
+    batch.pop("labels")
+    with pytest.raises(ValueError, match="can't keep packed sequences apart"):  # control: unprepared
+        model(**batch, use_cache=False)
+    packkit.prepare_model(model)
+    try:
+        logits = model(**batch, use_cache=False).logits[0]
+    finally:
+        packkit.unprepare_model(model)
+    assert not calls
+    assert torch.allclose(logits, want, rtol=0, atol=1e-12)
+
+
+def test_every_family_that_needs_stand_ins_gets_them():
+    """Each model type of the zoo whose recurrent layers packkit runs per document: after prepare_model, every
+    hub-kernel name its modules bind is a packkit stand-in, and the packed forward equals per-sample (so a
+    transformers release that hides the names from packkit fails here, not in a user's run)."""
+    from packkit.models.verdicts import MIXERS, STAND_INS_VERIFIED
+
+    for name in sorted(STAND_INS_VERIFIED - set(MIXERS)):
+        try:
+            config = tiny_config(name)
+        except KeyError:  # not in this zoo's config table
+            continue
+        info = packkit.models.support.analyse(config)
+        assert info.kernels, f"{name}: no hub-kernel name found in its modules"
+        if name not in ("qwen3_5_text", "falcon_h1", "kimi_linear"):
+            continue  # the forwards: one of each kernel family (delta rule, Mamba2 scan, KDA); the rest by the zoo
+        model = build(name)
+        packkit.prepare_model(model)
+        try:
+            needed = [k for k in info.kernels if k.name in pk_kernels.SPECS]
+            assert needed and all(hasattr(getattr(k.module, k.attr), "__packkit_original__") for k in needed), name
+            batch = packkit.PackingCollator()(FEATURES)
+            batch.pop("labels")
+            logits = model(**batch, use_cache=False).logits[0]
+        finally:
+            packkit.unprepare_model(model)
+        assert torch.allclose(logits, per_sample_logits(model, FEATURES), rtol=0, atol=1e-12), name
+
+
+def test_a_family_whose_kernels_are_hidden_is_refused(monkeypatch):
+    """The guard: a family known to need stand-ins whose modules show packkit no hub-kernel name (a decorator this
+    packkit does not recognise) is refused by name, not packed through the torch reference."""
+    monkeypatch.setattr(pk_kernels, "_WRAPPER_CODES", frozenset())
+    model = build("qwen3_5_text")
+    with pytest.raises(ValueError, match="found none of transformers' hub-kernel functions"):
+        packkit.prepare_model(model)
 
 
 # -- PackingCollator(model_config=) ------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ Mamba2 chunked scan) with ``use_kernel_func_from_hub_with_fallback(name, package
 layer calls the package's kernel, which keeps packed documents apart through ``cu_seqlens`` / ``seq_idx``; without
 it the torch reference runs, and a packed call is refused ("can't keep packed sequences apart"). The decorated
 function is a module-level name of the modeling module, looked up by the layer at call time, so a stand-in replaces
-that name.
+that name. What the name holds depends on the version (a closure up to transformers 5.24; from 5.25, with the
+``kernels`` package, an ``nn.Module`` instance around it): packkit finds transformers' wrapper inside it by the
+wrapper's code object, read off a probe the installed decorator wraps, not by one layout. From 5.25 the package's
+kernel runs only on the devices it supports; elsewhere (the CPU) the stand-in runs per document.
 
 A stand-in runs the module's own function once per document (the documents of ``cu_seqlens``, ``cu_seq_lens_q`` or
 ``seq_idx``), each from a zero state, and concatenates the outputs: exact against each document run alone by
@@ -49,40 +52,120 @@ CU_SEQLENS_FROM_BATCH = ("chunk_kda", "fused_recurrent_kda")
 
 
 class HubKernel(NamedTuple):
-    """A module-level function decorated by transformers' ``use_kernel_func_from_hub_with_fallback``."""
+    """A module-level name bound by transformers' ``use_kernel_func_from_hub_with_fallback``."""
     module: object
     attr: str
-    function: object
+    function: object  # what the module name holds (a function, or the ``kernels`` package's Func module)
     name: str  # the kernel's name (causal_conv1d_fn, chunk_gated_delta_rule, ...)
     package: str
     real: bool  # the package's kernel is in use (not the torch reference)
     params: tuple  # the parameters the decorator passes on to the implementation
+    devices: Optional[tuple] = None  # device types the package's kernel runs on (None: every one)
+    wrapper: object = None  # transformers' own wrapper function (its signature is the torch reference's)
+
+
+# transformers' decorator is recognised by what it is: the code object of the wrapper it builds, read off a probe
+# function decorated by the installed transformers (whatever layers the decorator puts around that wrapper: a bare
+# closure up to 5.24, the ``kernels`` package's Func module around it from 5.25).
+_WRAPPER_CODES = None
+_SEARCH_DEPTH = 4  # layers of closures / modules / __wrapped__ searched around a module-level name
+
+
+def _inner_functions(value):
+    """Every function reachable from ``value`` through __wrapped__, closure cells and an nn.Module's forward,
+    breadth first, ``_SEARCH_DEPTH`` layers deep (bounded: a module attribute is any object)."""
+    seen, found, layer = set(), [], [value]
+    for _ in range(_SEARCH_DEPTH):
+        nxt = []
+        for item in layer:
+            if id(item) in seen or isinstance(item, type):
+                continue
+            seen.add(id(item))
+            if inspect.isfunction(item):
+                found.append(item)
+                nxt.extend(c.cell_contents for c in (item.__closure__ or ()) if _cell_filled(c))
+                wrapped = item.__dict__.get("__wrapped__")
+                if wrapped is not None:
+                    nxt.append(wrapped)
+            elif isinstance(item, torch.nn.Module):
+                forward = getattr(type(item), "forward", None)
+                if inspect.isfunction(forward):
+                    nxt.append(forward)
+        layer = nxt
+    return found
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def _wrapper_codes() -> frozenset:
+    global _WRAPPER_CODES
+    if _WRAPPER_CODES is None:
+        try:
+            from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
+        except Exception:  # no transformers, or one without hub-kernel functions: nothing is decorated by it
+            _WRAPPER_CODES = frozenset()
+            return _WRAPPER_CODES
+
+        def probe(x):
+            return x
+
+        decorated = use_kernel_func_from_hub_with_fallback("packkit_probe", "packkit_no_such_package")(probe)
+        _WRAPPER_CODES = frozenset(f.__code__ for f in _inner_functions(decorated)
+                                   if f is not probe and f.__dict__.get("__wrapped__") is probe)
+    return _WRAPPER_CODES
+
+
+def _wrapper_of(value):
+    codes = _wrapper_codes()
+    if not codes or not callable(value):
+        return None
+    return next((f for f in _inner_functions(value) if f.__code__ in codes), None)
 
 
 def hub_kernel(function) -> Optional[tuple]:
-    """(name, package, real, params) when ``function`` is transformers' hub-kernel wrapper, else None."""
-    if not callable(function) or getattr(function, "__wrapped__", None) is None:
+    """(name, package, real, params, devices, wrapper) when ``function`` is bound by transformers' hub-kernel
+    decorator, else None. A wrapper whose closure lacks the names packkit reads gives name None (refused by
+    :func:`check_spec`: never a kernel left unpatched in silence)."""
+    wrapper = _wrapper_of(function)
+    if wrapper is None:
         return None
-    closure = getattr(function, "__closure__", None)
-    code = getattr(function, "__code__", None)
-    if not closure or code is None:
-        return None
-    cells = dict(zip(code.co_freevars, (c.cell_contents for c in closure)))
+    cells = {name: c.cell_contents for name, c in zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ())
+             if _cell_filled(c)}
     if not {"func_name", "package", "is_new_implementation", "applicable_params"} <= set(cells):
-        return None
-    return cells["func_name"], cells["package"], bool(cells["is_new_implementation"]), tuple(cells["applicable_params"])
+        return None, None, False, (), None, wrapper
+    devices = cells.get("supported_devices")
+    return (cells["func_name"], cells["package"], bool(cells["is_new_implementation"]),
+            tuple(cells["applicable_params"]), None if devices is None else tuple(devices), wrapper)
+
+
+def torch_reference(value):
+    """The torch reference under a hub-kernel name (what transformers' wrapper falls back to), or None."""
+    wrapper = _wrapper_of(getattr(value, "__packkit_original__", value))
+    return None if wrapper is None else wrapper.__dict__.get("__wrapped__")
 
 
 def hub_kernels(module) -> list:
-    """Every hub-kernel function of a modeling module, as :class:`HubKernel` (wrappers packkit installed included:
-    ``__packkit_original__`` names the function they replace)."""
+    """Every hub-kernel name of a modeling module, as :class:`HubKernel` (stand-ins packkit installed included:
+    ``__packkit_original__`` names what they replace)."""
     found = []
     for attr, value in sorted(vars(module).items()):
+        if isinstance(value, type) or not callable(value):
+            continue
         original = getattr(value, "__packkit_original__", value)
         info = hub_kernel(original)
         if info is not None:
             found.append(HubKernel(module, attr, original, *info))
     return found
+
+
+def _first_device(args, kwargs) -> Optional[str]:
+    return next((a.device.type for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
 
 
 def _split(value, dim: int, row: int, start: int, end: int):
@@ -96,12 +179,17 @@ def per_document(kernel: HubKernel):
     """The stand-in of ``kernel.function`` (the torch reference): one call per document of a packed call."""
     spec = SPECS[kernel.name]
     function = kernel.function
-    signature = inspect.signature(function)
+    signature = inspect.signature(kernel.wrapper or function)
     where = f"{kernel.module.__name__.rsplit('.', 1)[-1]}.{kernel.attr} ({kernel.name}, packkit per-document)"
     first = next(iter(spec.tokens))
 
-    @functools.wraps(function)
+    @functools.wraps(kernel.wrapper or function)
     def run(*args, **given):
+        if kernel.real and _first_device(args, given) in kernel.devices:  # the package's kernel runs here
+            if kernel.name in CU_SEQLENS_FROM_BATCH and given.get("cu_seqlens") is None \
+                    and given.get("cu_seq_lens_q") is not None:
+                given = {**given, "cu_seqlens": given["cu_seq_lens_q"]}
+            return function(*args, **given)
         kwargs = {k: v for k, v in given.items() if k not in BOUNDARY_KEYS}
         bound = signature.bind_partial(*args, **kwargs)
         main = bound.arguments.get(first)
@@ -151,7 +239,7 @@ def cu_seqlens_adapter(kernel: HubKernel):
     former, which the kernel does not take)."""
     function = kernel.function
 
-    @functools.wraps(function)
+    @functools.wraps(kernel.wrapper or function)
     def run(*args, **kwargs):
         if kwargs.get("cu_seqlens") is None and kwargs.get("cu_seq_lens_q") is not None:
             kwargs["cu_seqlens"] = kwargs["cu_seq_lens_q"]
@@ -163,6 +251,8 @@ def cu_seqlens_adapter(kernel: HubKernel):
 
 def stand_in(kernel: HubKernel):
     """What prepare_model installs for ``kernel``, or None (nothing to do)."""
+    if kernel.real and kernel.devices is not None and kernel.name in SPECS:
+        return per_document(kernel)  # the package's kernel on its devices, per document on the others (the CPU)
     if kernel.real:
         if kernel.name in CU_SEQLENS_FROM_BATCH and "cu_seqlens" in kernel.params:
             return cu_seqlens_adapter(kernel)
@@ -174,9 +264,12 @@ def stand_in(kernel: HubKernel):
 
 def check_spec(kernel: HubKernel) -> Optional[str]:
     """Why the stand-in cannot run ``kernel`` (its torch reference names its arguments otherwise), or None."""
-    if kernel.real or kernel.name not in SPECS:
+    if kernel.name is None:
+        return (f"{kernel.module.__name__}.{kernel.attr} is wrapped by transformers' hub-kernel decorator in a form "
+                "packkit does not know (its closure lacks func_name / package): no per-document stand-in")
+    if kernel.real and kernel.devices is None or kernel.name not in SPECS:
         return None
-    params = inspect.signature(kernel.function).parameters
+    params = inspect.signature(kernel.wrapper or kernel.function).parameters
     missing = [name for name in SPECS[kernel.name].tokens if name not in params]
     if next(iter(SPECS[kernel.name].tokens)) in missing:
         return (f"{kernel.module.__name__}.{kernel.attr} ({kernel.name}) has no argument "
