@@ -16,6 +16,11 @@ BAD_INPUTS = [
     ([1.5, 2], 10, {}, TypeError, "integers"),
     (np.array([1.0, 2.0]), 10, {}, TypeError, "float64"),
     (np.array([True, False]), 10, {}, TypeError, "bool"),
+    # issue 63: one rule for bools in a list, whatever the other elements are
+    ([True, 2], 10, {}, TypeError, "not bools; index 0 is True"),
+    ([True, False], 10, {}, TypeError, "not bools; index 0 is True"),
+    ((3, np.True_), 10, {}, TypeError, "not bools; index 1"),
+    ([2.5, True], 10, {}, TypeError, "not bools; index 1"),
     (np.array([[1, 2], [3, 4]]), 10, {}, ValueError, "1-D"),
     ([[1, 2], [3]], 10, {}, ValueError, "flat sequence"),
     (["a", "b"], 10, {}, TypeError, "integers"),

@@ -62,9 +62,10 @@ class FloatPlan:
                 f"{self.lower_bound}), efficiency={self.efficiency:.4f}, dropped={len(self.dropped)})")
 
 
-def float_sizes(lengths):
+def float_sizes(lengths, types=None):
     """``lengths`` as a float64 array if they are real-valued (a float dtype, or a list holding a float), else
-    None (integer or invalid input: the integer path judges it)."""
+    None (integer or invalid input: the integer path judges it). ``types``: the list's element types, when the
+    caller has them (planner.element_types)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(lengths, torch.Tensor):
         if not lengths.is_floating_point():
@@ -73,9 +74,10 @@ def float_sizes(lengths):
             raise ValueError(f"lengths must be 1-D, got a tensor of shape {tuple(lengths.shape)}")
         return lengths.detach().to(device="cpu", dtype=torch.float64).contiguous().numpy().copy()
     if isinstance(lengths, (list, tuple)):
-        if not any(isinstance(x, (float, np.floating)) for x in lengths):
+        types = frozenset(map(type, lengths)) if types is None else types
+        if not any(issubclass(t, (float, np.floating)) for t in types):
             return None
-        if any(isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real) for x in lengths):
+        if any(issubclass(t, (bool, np.bool_)) or not issubclass(t, numbers.Real) for t in types):
             return None
         array = np.asarray(lengths, dtype=np.float64)
     elif isinstance(lengths, np.ndarray) and lengths.dtype.kind == "f":

@@ -10,7 +10,7 @@ import math
 import numbers
 import sys
 from functools import cached_property
-from typing import Callable, NamedTuple, Sequence, Union
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -272,8 +272,19 @@ def _as_count(value, name: str) -> int:
     return value
 
 
-def as_lengths(lengths) -> np.ndarray:
-    """Validates ``lengths`` and returns a contiguous int64 numpy array (no copy when it already is one)."""
+_BOOLS = (bool, np.bool_)
+
+
+def element_types(lengths) -> Optional[frozenset]:
+    """The types of a list's / tuple's elements (one C-speed pass: ~11 ns an element), or None for any other input;
+    computed once per call and shared by the float and integer checks."""
+    return frozenset(map(type, lengths)) if isinstance(lengths, (list, tuple)) else None
+
+
+def as_lengths(lengths, types: Optional[frozenset] = None) -> np.ndarray:
+    """Validates ``lengths`` and returns a contiguous int64 numpy array (no copy when it already is one). A list or
+    tuple with a bool among its elements is refused whatever the others are (``[True, 2]`` as ``[True, False]``);
+    ``types``: :func:`element_types` of it, when the caller has them."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(lengths, torch.Tensor):
         _refuse_meta(lengths, "lengths")
@@ -287,6 +298,15 @@ def as_lengths(lengths) -> np.ndarray:
     elif isinstance(lengths, (list, tuple, range)):
         if len(lengths) == 0:
             return np.zeros(0, dtype=np.int64)
+        types = element_types(lengths) if types is None else types
+        if types is not None and any(issubclass(t, _BOOLS) for t in types):
+            bad = next(i for i, x in enumerate(lengths) if isinstance(x, _BOOLS))
+            raise TypeError(f"lengths must be integers, not bools; index {bad} is {lengths[bad]!r}")
+        if types is not None and types <= {int}:  # plain Python ints: straight to int64 (one pass, no dtype guess)
+            try:
+                return np.asarray(lengths, dtype=np.int64)
+            except OverflowError:  # an int beyond int64: named below
+                pass
         try:
             array = np.asarray(lengths)
         except (ValueError, OverflowError) as e:  # ragged nesting, ints beyond int64
@@ -489,7 +509,8 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
         capacity = int(caps.max())
         if (caps == capacity).all() and (speeds == speeds[0]).all():
             caps = None  # identical ranks: ogbfd's own layouts (a common speed does not move a balance)
-    sizes = float_sizes(lengths)
+    types = element_types(lengths)
+    sizes = float_sizes(lengths, types)
     if sizes is not None or is_float_capacity(capacity):  # real-valued sizes: nf / ffd / bfd only (float_plan.py)
         check_plan_choices(algorithm, overlong)
         what = _float_input(lengths, capacity, sizes is not None)
@@ -500,7 +521,7 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
                              "pad_to_multiple_of, no extra_cost")
         return float_plan(sizes if sizes is not None else as_lengths(lengths).astype(np.float64), capacity, algorithm,
                           overlong)
-    array = as_lengths(lengths)
+    array = as_lengths(lengths, types)
     capacity = _as_count(capacity, "capacity")
     dp_size = _as_count(dp_size, "dp_size")
     limit = max(MAX_EMPTY_RANKS, len(array))
