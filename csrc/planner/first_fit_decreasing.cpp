@@ -23,7 +23,7 @@ Int32Buffer decreasing_order(const int64_t* lengths, int64_t n, int64_t max_leng
   return order;
 }
 
-BinAssignment first_fit_decreasing(const int64_t* lengths, int64_t n, int64_t capacity) {
+BinAssignment first_fit_decreasing(const int64_t* lengths, int64_t n, int64_t capacity, int64_t max_items) {
   BinAssignment out;
   out.order = decreasing_order(lengths, n);
   out.bin_at.resize(static_cast<size_t>(n));
@@ -34,6 +34,9 @@ BinAssignment first_fit_decreasing(const int64_t* lengths, int64_t n, int64_t ca
   size_t leaves = 1;
   while (leaves < static_cast<size_t>(n)) leaves <<= 1;
   std::vector<int64_t> tree(2 * leaves, 0);
+  std::vector<int64_t> items(max_items > 0 ? static_cast<size_t>(n) : 0, 0);  // per bin, only with max_items
+  // a bin at max_items holds -1: no item (every length >= 0) is placed there again
+  auto closed = [&](size_t bin) { return max_items > 0 && ++items[bin] == max_items; };
   auto update = [&](size_t leaf, int64_t value) {
     size_t node = leaf + leaves;
     tree[node] = value;
@@ -44,12 +47,12 @@ BinAssignment first_fit_decreasing(const int64_t* lengths, int64_t n, int64_t ca
     size_t bin;
     if (tree[1] < len) {
       bin = static_cast<size_t>(out.num_bins++);
-      update(bin, capacity - len);
+      update(bin, closed(bin) ? -1 : capacity - len);
     } else {
       size_t node = 1;
       while (node < leaves) node = tree[2 * node] >= len ? 2 * node : 2 * node + 1;
       bin = node - leaves;
-      update(bin, tree[node] - len);
+      update(bin, closed(bin) ? -1 : tree[node] - len);
     }
     out.bin_at[k] = static_cast<int32_t>(bin);
     out.length_at[k] = len;

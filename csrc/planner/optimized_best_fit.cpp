@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "capacity_bitmap.hpp"
@@ -15,8 +16,10 @@ bool dense_is_cheaper(int64_t capacity, int64_t n) {
 }
 }  // namespace
 
-BinAssignment optimized_best_fit(const int64_t* lengths, int64_t n, int64_t capacity) {
-  if (!dense_is_cheaper(capacity, n)) return best_fit_decreasing(lengths, n, capacity);
+BinAssignment optimized_best_fit(const int64_t* lengths, int64_t n, int64_t capacity, int64_t max_items) {
+  if (!dense_is_cheaper(capacity, n)) return best_fit_decreasing(lengths, n, capacity, max_items);
+  // a bin that reaches max_items is closed like a full one (never pushed back); no limit: never
+  const int32_t item_limit = max_items > 0 && max_items < INT32_MAX ? static_cast<int32_t>(max_items) : INT32_MAX;
 
   BinAssignment out;
   out.order.resize(static_cast<size_t>(n));
@@ -66,7 +69,7 @@ BinAssignment optimized_best_fit(const int64_t* lengths, int64_t n, int64_t capa
           if (head[static_cast<size_t>(f)] < 0) nonempty.clear(f);
           new_free = f - len;
         }
-        if (new_free > 0) {  // push; full bins are never searched again
+        if (new_free > 0 && link[static_cast<size_t>(bin)].size + 1 < item_limit) {  // push; full bins are never searched again
           link[static_cast<size_t>(bin)].next = head[static_cast<size_t>(new_free)];
           if (head[static_cast<size_t>(new_free)] < 0) nonempty.set(new_free);
           head[static_cast<size_t>(new_free)] = bin;

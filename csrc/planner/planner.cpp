@@ -37,11 +37,13 @@ std::vector<double> item_costs(const Items& items, const PlanOptions& opts, cons
 
 BinAssignment pack_bins(const Items& items, const PlanOptions& opts) {
   switch (opts.algorithm) {
-    case Algorithm::NextFit: return next_fit(items.length, items.count, opts.capacity);
-    case Algorithm::FirstFitDecreasing: return first_fit_decreasing(items.length, items.count, opts.capacity);
-    case Algorithm::BestFitDecreasing: return best_fit_decreasing(items.length, items.count, opts.capacity);
+    case Algorithm::NextFit: return next_fit(items.length, items.count, opts.capacity, opts.max_items);
+    case Algorithm::FirstFitDecreasing:
+      return first_fit_decreasing(items.length, items.count, opts.capacity, opts.max_items);
+    case Algorithm::BestFitDecreasing:
+      return best_fit_decreasing(items.length, items.count, opts.capacity, opts.max_items);
     case Algorithm::OptimizedBestFit:
-    case Algorithm::GroupedBestFit: return optimized_best_fit(items.length, items.count, opts.capacity);
+    case Algorithm::GroupedBestFit: return optimized_best_fit(items.length, items.count, opts.capacity, opts.max_items);
   }
   throw InvalidInput("unknown algorithm");
 }
@@ -213,6 +215,12 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
                            "; every extra cost must be finite and >= 0");
 
   check_ranks(opts);
+  if (opts.max_items < 0) throw InvalidInput("max_sequences must be >= 1 (or unset), got " + std::to_string(opts.max_items));
+  // ogbfd's step layouts move and swap items between rows: none of them counts items per row yet
+  if (opts.max_items > 0 && (opts.dp_size > 1 || !opts.rank_capacity.empty()) &&
+      opts.algorithm == Algorithm::GroupedBestFit)
+    throw InvalidInput("max_sequences is planned by nf, ffd, bfd and obfd (and ogbfd with dp_size=1); ogbfd's "
+                       "data-parallel step layouts do not take it: plan with obfd (its rows are dealt in order)");
   PlanResult plan;
   plan.dp_size = opts.dp_size;
   const Items items = make_items(lengths, n, opts.capacity, opts.overlong, plan.report);

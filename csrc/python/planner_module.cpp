@@ -24,7 +24,8 @@ py::array_t<typename Vector::value_type> to_numpy(Vector&& values) {
 
 py::dict plan(py::array_t<int64_t, py::array::c_style> lengths, int64_t capacity, const std::string& algorithm,
               const std::string& overlong, int64_t dp_size, double cost_a, double cost_b, py::object cost_fn,
-              py::object extra_cost, std::vector<int64_t> rank_capacity, std::vector<double> rank_speed) {
+              py::object extra_cost, std::vector<int64_t> rank_capacity, std::vector<double> rank_speed,
+              int64_t max_items) {
   if (lengths.ndim() != 1) throw packkit::InvalidInput("lengths must be 1-D");
   py::array_t<double, py::array::c_style> extra;
   if (!extra_cost.is_none()) {
@@ -42,6 +43,7 @@ py::dict plan(py::array_t<int64_t, py::array::c_style> lengths, int64_t capacity
   opts.fill_identity_starts = false;  // numpy's zeros (calloc) are zeroed lazily by the OS
   opts.rank_capacity = std::move(rank_capacity);
   opts.rank_speed = std::move(rank_speed);
+  opts.max_items = max_items;
 
   packkit::ItemCostFn item_cost_fn;
   if (!cost_fn.is_none()) {
@@ -327,7 +329,7 @@ PYBIND11_MODULE(_planner, m) {
   m.def("plan", &plan, py::arg("lengths"), py::arg("capacity"), py::arg("algorithm"), py::arg("overlong"),
         py::arg("dp_size"), py::arg("cost_a"), py::arg("cost_b"), py::arg("cost_fn") = py::none(),
         py::arg("extra_cost") = py::none(), py::arg("rank_capacity") = std::vector<int64_t>{},
-        py::arg("rank_speed") = std::vector<double>{});
+        py::arg("rank_speed") = std::vector<double>{}, py::arg("max_items") = 0);
   m.def("rl_micro_batches", &rl_micro_batches, py::arg("lengths"), py::arg("costs"), py::arg("capacity"),
         py::arg("dp_size"), py::arg("num_micro_batches"), py::arg("equal_count"), py::arg("refine_rounds") = 256,
         py::arg("search_rounds") = 0, py::arg("search_above") = 1.0, py::arg("goal_margin") = -1.0,

@@ -15,6 +15,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Union
 import numpy as np
 
 from .. import _planner
+from .arg_rules import MAX_INT, Int, check_args
 from .balance_bound import step_balance_lower_bound
 from .float_plan import FLOAT_ALGORITHMS, float_plan, float_sizes, integer_requirement, is_float_capacity
 from .hetero_ranks import check_hetero, is_per_rank, rank_capacities, rank_speeds
@@ -221,8 +222,9 @@ class Plan:
 
     def rank_bins(self, rank: int) -> list[np.ndarray]:
         """Rank ``rank``'s rows, one per step, in step order."""
-        if not 0 <= rank < self.dp_size:
-            raise ValueError(f"rank must be in [0, {self.dp_size}), got {rank}")
+        from .arg_rules import Int, check_args
+
+        rank, = check_args(Int("rank", 0, self.dp_size - 1), values=(rank,))  # True / 1.0 refused, not coerced
         return self.bins[rank::self.dp_size]
 
     def to_tensors(self, device=None) -> dict:
@@ -292,6 +294,8 @@ def as_lengths(lengths, types: Optional[frozenset] = None) -> np.ndarray:
             raise TypeError(f"lengths must be an integer tensor, got dtype {lengths.dtype}")
         if lengths.dim() != 1:
             raise ValueError(f"lengths must be 1-D, got a tensor of shape {tuple(lengths.shape)}")
+        if lengths.dtype == getattr(torch, "uint64", None):  # .to(int64) would wrap 2**63 + k to a negative
+            return as_lengths(lengths.detach().cpu().numpy())  # the numpy path names the true value
         return lengths.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy()
     if isinstance(lengths, np.ndarray):
         array = lengths
@@ -358,7 +362,9 @@ def _cost_model(cost: CostSpec):
             return (*cost, None)
     if callable(cost):  # a DocumentCost of transformer_cost too
         def item_costs(item_lengths: np.ndarray) -> np.ndarray:
-            values = cost(item_lengths)
+            view = np.asarray(item_lengths).view()
+            view.flags.writeable = False  # the callback sees packkit's lengths, read-only: a write cannot move a plan
+            values = cost(view)
             torch = sys.modules.get("torch")
             if torch is not None and isinstance(values, torch.Tensor):
                 _refuse_meta(values, "cost")
@@ -462,7 +468,7 @@ def _float_input(lengths, capacity, float_lengths: bool) -> str:
 
 def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_size: int = 1,
          cost: CostSpec = "tokens", overlong: str = "error", pad_to_multiple_of: int | None = None,
-         extra_cost=None, rank_speed=None) -> Plan:
+         extra_cost=None, rank_speed=None, max_sequences: int | None = None) -> Plan:
     """Bin-pack sequence ``lengths`` into rows of ``capacity`` tokens.
 
     Args:
@@ -500,6 +506,9 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
         rank_speed: one relative throughput per rank (``dp_size`` finite reals > 0; a mixed H100 / A100 pool),
             with ``algorithm="ogbfd"``: a row's time is its cost / its rank's speed and steps are balanced in
             time (``balance`` and ``rank_balance`` are in time). ``None``: every rank speed 1.
+        max_sequences: no row holds more than this many sequences (``"split"`` pieces count one each): a bin
+            constraint of ``nf`` / ``ffd`` / ``bfd`` / ``obfd`` (and ``ogbfd`` with ``dp_size=1``), for batches with
+            a fixed number of sequence slots per row (static shapes, docs/packing.md). ``None``: no limit.
     """
     caps = speeds = None  # caps: per-rank capacities when the ranks differ (speeds: whenever given)
     if rank_speed is not None or is_per_rank(capacity):  # heterogeneous ranks (hetero_ranks.py)
@@ -516,9 +525,9 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
         what = _float_input(lengths, capacity, sizes is not None)
         if algorithm not in FLOAT_ALGORITHMS:
             raise integer_requirement(algorithm, what)
-        if dp_size != 1 or not (isinstance(cost, str) and cost == "tokens") or pad_to_multiple_of is not None or extra_cost is not None:
+        if dp_size != 1 or not (isinstance(cost, str) and cost == "tokens") or pad_to_multiple_of is not None or extra_cost is not None or max_sequences is not None:
             raise ValueError("float sizes are planned by nf / ffd / bfd alone: dp_size=1, cost='tokens', no "
-                             "pad_to_multiple_of, no extra_cost")
+                             "pad_to_multiple_of, no extra_cost, no max_sequences")
         return float_plan(sizes if sizes is not None else as_lengths(lengths).astype(np.float64), capacity, algorithm,
                           overlong)
     array = as_lengths(lengths, types)
@@ -539,21 +548,39 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
                          f"documents must fill it exactly)")
     if caps is not None:
         check_hetero(algorithm, caps, m)
+    max_items = 0 if max_sequences is None else check_args(Int("max_sequences", 1, MAX_INT), values=(max_sequences,))[0]
     if m > 1 and array.size and int(array.max()) > np.iinfo(np.int64).max - m:
         raise ValueError("lengths must fit in int64 after padding")
     planned = array if m == 1 else (array + m - 1) // m * m
     raw = _planner.plan(planned, capacity, algorithm, overlong, dp_size, a, b, cost_fn, extra,
-                        [] if caps is None else caps.tolist(), [] if caps is None else speeds.tolist())
+                        [] if caps is None else caps.tolist(), [] if caps is None else speeds.tolist(), max_items)
     with np.errstate(over="ignore", invalid="ignore"):  # the total bounds every sum balance / rank_balance take
         total = float(raw["rank_costs"].sum())
     if not math.isfinite(total):  # finite item or row costs can still sum past float64 (NaN or 0.0 balance)
         raise ValueError("the cost model's per-row costs overflow float64 (each item's cost is finite, their sums "
                          "are not); scale the cost down, e.g. divide (a, b) or the callable's values by a constant")
+    if speeds is not None:  # a row's time is its cost / its rank's speed: an extreme speed overflows it
+        check_rank_times(raw["rank_costs"].reshape(-1, dp_size), speeds)
     if m > 1:
         raw = _unpad_segments(raw, array)
     return Plan(raw, capacity=capacity, algorithm=algorithm, overlong=overlong, dp_size=dp_size,
                 num_sequences=len(array), cost_ab=None if cost_fn is not None or extra is not None else (a, b),
                 pad_to_multiple_of=m, rank_capacity=caps, rank_speed=speeds)
+
+
+def check_rank_times(rank_costs: np.ndarray, speeds: np.ndarray) -> None:
+    """ValueError naming ``rank_speed`` when some row's time (cost / speed), or the sum the balance takes, is not
+    a finite float64 (a tiny speed gives inf rank_times and a NaN balance)."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        times = rank_costs / speeds
+        total = float(times.sum())
+    if not math.isfinite(total):
+        bad = np.flatnonzero(~np.isfinite(times).all(axis=0))
+        r = int(bad[0]) if bad.size else int(np.argmin(speeds))
+        raise ValueError(f"rank_speed gives row times (cost / rank_speed) that overflow float64: rank {r} has speed "
+                         f"{float(speeds[r])!r} (speeds from {float(speeds.min())!r} to {float(speeds.max())!r}); "
+                         "rank_speed must be finite, > 0 and within a range where cost / speed fits float64 "
+                         "(e.g. relative speeds near 1)")
 
 
 def _unpad_segments(raw: dict, lengths: np.ndarray) -> dict:
