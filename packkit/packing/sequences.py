@@ -22,6 +22,7 @@ from .checks import (as_device, check_bool, check_fill, check_pack_scalars, chec
                      check_token_ids, int64_message, integer_tokens, outside_int64, refuse_meta)
 from .fields import check_policy, pack_fields, prepare_fields
 from .multimodal.mrope import check_mrope_start
+from .static_shapes import bucket, check_buckets, check_max_sequences, check_slots, pad_cu_seqlens
 from .tensors import host_tensor, to_device
 
 LAYOUTS = ("flat", "padded")
@@ -238,11 +239,13 @@ def source_tokens(sequences, lengths, labels):
     return flat_ids, seq_lengths, flat_labels
 
 
-def plan_layout(seq_lengths, plan, capacity, algorithm, overlong, layout, row_len, num_rows):
-    """(plan segments, PackLayout) of pack_sequences' plan options, checked against the lengths on the host."""
+def plan_layout(seq_lengths, plan, capacity, algorithm, overlong, layout, row_len, num_rows, max_sequences=None):
+    """(plan segments, PackLayout) of pack_sequences' plan options, checked against the lengths on the host.
+    ``max_sequences``: slots per row; a padded row's padding takes one, so its rows are planned with one less."""
     given = plan is not None  # a plan made here from these lengths needs no coverage check
     if plan is None and capacity is not None:
-        plan = make_plan(seq_lengths, capacity, algorithm=algorithm, overlong=overlong)
+        per_row = None if max_sequences is None or layout == "flat" else max(max_sequences - 1, 1)
+        plan = make_plan(seq_lengths, capacity, algorithm=algorithm, overlong=overlong, max_sequences=per_row)
     if plan is not None:
         if not isinstance(plan, Plan):
             raise TypeError(f"plan must be a packkit.Plan, got {type(plan).__name__}")
@@ -267,7 +270,8 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
                    pad_token_id: int = 0, ignore_index: int = -100, mask_first_label: bool = True,
                    position_ids_start: int = 0, device=None, backend: str = "auto", return_info: bool = False,
                    fields: Optional[dict] = None, pad_values: Optional[dict] = None, extra_fields: str = "error",
-                   mrope=None, out: Optional[PackBuffers] = None):
+                   mrope=None, out: Optional[PackBuffers] = None, max_sequences: Optional[int] = None,
+                   max_length_buckets=None):
     """Pack token sequences into one batch with the keys HF models take.
 
     Args:
@@ -299,6 +303,12 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
         out: a :class:`packkit.PackBuffers` to pack into (``packkit::pack_batch_out``) instead of fresh
             tensors: the returned tensors (and ``PackInfo``'s) are views of its buffers, bit-identical
             to a fresh pack, and are overwritten ``out.num_buffers`` calls later (see PackBuffers).
+        max_sequences: the static-shape contract (:mod:`packkit.packing.static_shapes`): N sequence slots per row
+            (a row's padding takes one), ``cu_seq_lens_q/k`` always ``num_rows * N + 1`` long (flat: ``N + 1``),
+            unused slots repeating the last offset; a plan made here keeps rows within it, a batch that does not
+            fit is refused by name. Fix the tokens too (``row_len``, padded ``num_rows``) for one shape per step.
+        max_length_buckets: ``max_length_q/k`` rounded up to a bucket: ``"pow2"`` or a list of ints (the row
+            length is always the last bucket), so a compiled step sees few distinct values.
 
     Returns ``{input_ids, labels, position_ids, seq_idx, cu_seq_lens_q, cu_seq_lens_k, max_length_q,
     max_length_k}``. Padding (padded layout, or a flat ``row_len`` beyond the data) is its own
@@ -321,7 +331,10 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
         check_mrope_start(mrope, position_ids_start)
         extra = prepare_fields(fields, seq_lengths, flat_ids, extra_fields=extra_fields, pad_values=pad_values, mrope=mrope)
 
-    segments, shape = plan_layout(seq_lengths, plan, capacity, algorithm, overlong, layout, row_len, num_rows)
+    max_sequences, max_length_buckets = check_max_sequences(max_sequences), check_buckets(max_length_buckets)
+    segments, shape = plan_layout(seq_lengths, plan, capacity, algorithm, overlong, layout, row_len, num_rows,
+                                  max_sequences)
+    slots = None if max_sequences is None else check_slots(segments.length, segments.bin_offsets, shape, max_sequences)
 
     device = flat_ids.device if device is None else as_device(device)
     if device.type == "cuda" and device.index is None:
@@ -345,9 +358,10 @@ def pack_sequences(sequences, lengths=None, *, labels=None, plan: Optional[Plan]
         bool(mask_first_label), int(position_ids_start))
     if shape.flat:
         ids, lab, pos, seq_idx = (t.unsqueeze(0) for t in (ids, lab, pos, seq_idx))
+    longest = bucket(shape.max_seqlen, max_length_buckets, shape.row_len)
+    cu_batch = cu if slots is None else pad_cu_seqlens(cu, slots)  # PackInfo keeps the exact one (unpack's)
     batch = {"input_ids": ids, "labels": lab, "position_ids": pos, "seq_idx": seq_idx,
-             "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": shape.max_seqlen,
-             "max_length_k": shape.max_seqlen}
+             "cu_seq_lens_q": cu_batch, "cu_seq_lens_k": cu_batch, "max_length_q": longest, "max_length_k": longest}
     if not return_info and extra is None:
         return batch
     cu_seg = out.cu_seg_of(cu) if out is not None else None

@@ -23,6 +23,7 @@ from ..packing.fields import check_pad_values, check_policy, prepare_fields
 from ..packing.multimodal import mrope_spec
 from ..packing.multimodal.mrope import check_mrope_start
 from ..packing.sequences import check_layout, flatten_sequences, pack_sequences
+from ..packing.static_shapes import check_buckets, check_max_sequences
 from ..models.support import check_batch_layout
 from ..planning.planner import check_plan_choices, plan as make_plan
 from .block_masks import document_causal_block_mask, layer_block_masks, model_layer_types
@@ -101,6 +102,11 @@ class PackingCollator:
             pre-packed row with ``seq_lengths``, from ``pack_dataset``), emitted as it is: one row per feature in
             the padded layout, the rows in order in the flat one; never re-planned. A row over ``capacity`` is a
             ValueError. Not with ``context_parallel``.
+        max_sequences: the static-shape contract (docs/packing.md "Static shapes"): N sequence slots per row (a
+            row's padding takes one), ``cu_seq_lens_q/k`` always ``num_rows * N + 1`` long (flat: ``N + 1``). Rows
+            are planned with at most N - 1 documents; the flat row is ``capacity`` tokens (fixed) unless
+            ``pad_to_capacity=False``. A batch with more sequences than slots is refused by name, never cut.
+        max_length_buckets: ``max_length_q/k`` rounded up to ``"pow2"`` buckets or a list of ints.
     """
 
     def __init__(self, capacity: Optional[int] = None, *, layout: str = "flat", algorithm: str = "obfd",
@@ -110,7 +116,8 @@ class PackingCollator:
                  backend: str = "auto", return_block_mask: bool = False, return_num_items: bool = False,
                  input_key: str = "input_ids", label_key: str = "labels", pad_values: Optional[dict] = None,
                  extra_fields: str = "error", mrope=None, reuse_buffers: bool = False, num_buffers: int = 2,
-                 context_parallel=None, model_config=None, planned_rows: bool = False):
+                 context_parallel=None, model_config=None, planned_rows: bool = False,
+                 max_sequences: Optional[int] = None, max_length_buckets=None):
         check_layout(layout)
         check_plan_choices(algorithm, overlong)
         for name, value in (("capacity", capacity), ("num_rows", num_rows), ("pad_to_multiple_of", pad_to_multiple_of)):
@@ -160,6 +167,12 @@ class PackingCollator:
             raise ValueError("planned_rows=True does not support context_parallel= (plan the rows with the sampler's "
                              "context_parallel= and let the collator re-plan them)")
         self.planned_rows = planned_rows
+        # the static-shape contract (packing/static_shapes.py): N slots per row, bucketed max_length
+        self.max_sequences, self.max_length_buckets = check_max_sequences(max_sequences), check_buckets(
+            max_length_buckets)
+        if self.max_sequences is not None and self.context_parallel is not None:
+            raise ValueError("max_sequences= with context_parallel=: pass max_sequences to pack_context_parallel "
+                             "(the CP shard's slots), not to the collator")
         if model_config is not None:  # the layouts this model cannot take exactly
             check_batch_layout(model_config, layout, return_block_mask, self.context_parallel is not None)
 
@@ -262,9 +275,17 @@ class PackingCollator:
             row_len = _round_up(kept, self.pad_to_multiple_of) if self.pad_to_multiple_of else None
             if kept == 0 and self.capacity:  # e.g. a sampler's empty last-step row: one padding row, not [1, 0]
                 row_len = self.capacity
-            return plan, dict(layout="flat", row_len=row_len)
+            if self.max_sequences is not None and self.capacity and self.pad_to_capacity:  # one token shape too
+                if kept > self.capacity:
+                    raise ValueError(f"this batch holds {kept} tokens, more than capacity={self.capacity}: with "
+                                     "max_sequences the flat row is capacity tokens (a fixed shape); batch by tokens "
+                                     "(a sampler with the same capacity), or pass pad_to_capacity=False")
+                row_len = self.capacity
+            return plan, dict(layout="flat", row_len=row_len, **self._contract())
+        per_row = None if self.max_sequences is None else max(self.max_sequences - 1, 1)  # a row's padding: 1 slot
         plan = given if given is not None else make_plan(lengths, self.capacity, algorithm=self.algorithm,
-                                                         overlong=self.overlong, pad_to_multiple_of=self._cp_multiple)
+                                                         overlong=self.overlong, pad_to_multiple_of=self._cp_multiple,
+                                                         max_sequences=per_row)
         row_len = self.capacity
         if not self.pad_to_capacity:
             longest = int(plan.bin_tokens.max()) if plan.num_bins else 1
@@ -273,7 +294,12 @@ class PackingCollator:
         if plan.num_bins > num_rows:
             raise ValueError(f"this batch needs {plan.num_bins} rows of {self.capacity} tokens but num_rows="
                              f"{num_rows}; use fewer/shorter features per batch or a larger num_rows")
-        return plan, dict(layout="padded", num_rows=num_rows, row_len=row_len)
+        return plan, dict(layout="padded", num_rows=num_rows, row_len=row_len, **self._contract())
+
+    def _contract(self) -> dict:
+        """pack_sequences' static-shape arguments, when given (the CP path takes none of them)."""
+        return {k: v for k, v in (("max_sequences", self.max_sequences), ("max_length_buckets",
+                                  self.max_length_buckets)) if v is not None}
 
     # -- context parallelism: the rank's shard straight from the features (one cp_shard launch) ------
     def _cp_token_fields(self, fields, lengths, flat_ids) -> Optional[dict]:
