@@ -198,6 +198,16 @@ def fp64_everywhere(model, monkeypatch) -> None:
                 continue
             if inspect.isfunction(function) and function.__module__ == name and _fp64_source(function) is not None:
                 monkeypatch.setattr(module, attr, _recompiled(function))
+            elif isinstance(function, torch.nn.Module) and not isinstance(function, type):
+                # transformers >= 5.25: a kernel function decorated by the kernels package is a Func module around
+                # the module's function; recompiling that function's source (its decorator lines included) builds
+                # a new one
+                from packkit.models.kernels import _inner_functions
+
+                inner = next((f for f in _inner_functions(function) if f.__module__ == name
+                              and _fp64_source(f) is not None), None)
+                if inner is not None:
+                    monkeypatch.setattr(module, attr, _recompiled(inner))
 
 
 def eager_flex_attention(monkeypatch) -> None:

@@ -69,7 +69,10 @@ def test_control_unprepared_model_is_caught(monkeypatch, name, path):
         model_type = zoo.ARCHITECTURES[name].get("model_type", name)
         monkeypatch.setitem(verdicts.REFUSED, model_type, {})
         result = cases.run_case(name, path)
-    assert result.kind == "mismatch" and result.logp_rel > 1e3 * cases.REL_LOGP, result.cell()
+    # caught: silently wrong by far, or (transformers >= 5.25, whose mixers hand the batch's boundaries to the
+    # kernels' torch references) refused by transformers itself
+    assert (result.kind == "mismatch" and result.logp_rel > 1e3 * cases.REL_LOGP) or (
+        result.kind == "refused" and "can't keep packed sequences apart" in result.detail), result.cell()
 
 
 @pytest.mark.parametrize("name", ["qwen3_5_text"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .documents import document_spans, spans_from_position_ids
+from .documents import BOUNDARY_KEYS, document_spans, spans_from_position_ids
 
 
 def _spans(state, rows: int, length: int, where: str):
@@ -40,6 +40,9 @@ def install_mixer(module: torch.nn.Module, state) -> None:
         if mask is not None and not (isinstance(mask, torch.Tensor) and tuple(mask.shape) == (rows, length)):
             raise ValueError(f"{where}: a packed call with an attention_mask of shape "
                              f"{tuple(getattr(mask, 'shape', ()))} is refused (a packkit batch has none)")
+        # each call is one document: the batch's boundaries (transformers >= 5.25 hands them to the mixer, which
+        # hands them to its conv / scan kernels) describe the whole row, not the part
+        kwargs = {k: v for k, v in kwargs.items() if k not in BOUNDARY_KEYS}
         outputs = [[] for _ in range(rows)]
         for row, start, end in spans:
             part = hidden_states[row:row + 1, start:end]

@@ -84,7 +84,7 @@ def prepare_model(model: torch.nn.Module, path: Optional[str] = None) -> torch.n
                       stacklevel=2)
     # Plan everything first: a model is patched completely or not at all.
     kernels = []
-    if verdict.status == PREPARE or info.kernels:
+    if (verdict.status == PREPARE or info.kernels) and not info.mixers:  # a mixer runs its layer per document whole
         for kernel in info.kernels:
             replacement = stand_in(kernel)
             if replacement is not None:
