@@ -36,6 +36,62 @@ def python_blocks(text: str) -> list[tuple[int, str, bool]]:
     return blocks
 
 
+# A top-level expression followed by ``# -> value`` states what it gives: the test evaluates it and fails when the
+# value differs (``print(x)  # -> value`` checks ``x``). ``value`` is a Python literal, compared by ==, floats to 4
+# significant digits (what an example shows), numpy arrays by their ``tolist()``; anything else (``array([0, 1])``,
+# ``range(0, 8)``) is compared with the value's repr, whitespace ignored.
+CHECKED = re.compile(r"#\s*->\s*(?P<value>.+?)\s*$")
+
+
+def _same(got, want) -> bool:
+    import math
+
+    import numpy as np
+
+    if isinstance(got, np.ndarray):
+        got = got.tolist()
+    elif isinstance(got, np.generic):
+        got = got.item()
+    if isinstance(want, float) or (isinstance(got, float) and isinstance(want, int) and not isinstance(want, bool)):
+        return isinstance(got, (int, float)) and not isinstance(got, bool) and math.isclose(got, want, rel_tol=5e-4,
+                                                                                             abs_tol=1e-12)
+    if isinstance(want, (list, tuple)):
+        return (isinstance(got, (list, tuple)) and len(got) == len(want)
+                and all(_same(g, w) for g, w in zip(got, want)))
+    if isinstance(want, dict):
+        return isinstance(got, dict) and got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
+    return type(got) is type(want) and got == want if isinstance(want, bool) else got == want
+
+
+def check_value(got, expected: str, where: str) -> None:
+    """AssertionError at ``where`` when ``got`` is not what the example's ``# -> expected`` says."""
+    try:
+        want = ast.literal_eval(expected)
+    except (ValueError, SyntaxError):
+        ok = re.sub(r"\s+", "", repr(got)) == re.sub(r"\s+", "", expected)
+    else:
+        ok = _same(got, want)
+    if not ok:
+        raise AssertionError(f"{where}: the example says {expected}, the code gives {got!r}")
+
+
+def run_block(src: str, where: str, namespace: dict) -> None:
+    """Runs one block statement by statement; a statement with ``# -> value`` has its value checked."""
+    lines = src.split("\n")
+    for node in ast.parse(src, where).body:
+        m = CHECKED.search(lines[node.end_lineno - 1]) if isinstance(node, ast.Expr) else None
+        if m is None:
+            exec(compile(ast.Module(body=[node], type_ignores=[]), where, "exec"), namespace)
+            continue
+        expr = node.value
+        if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "print"
+                and len(expr.args) == 1 and not expr.keywords):
+            exec(compile(ast.Module(body=[node], type_ignores=[]), where, "exec"), namespace)
+            expr = expr.args[0]
+        got = eval(compile(ast.Expression(body=expr), where, "eval"), namespace)
+        check_value(got, m.group("value"), f"{where} (line {node.lineno} of the block)")
+
+
 def run_page(path: Path, text: str, workdir: Path) -> int:
     """Runs the page's python blocks; returns how many there were."""
     namespace: dict = {"__name__": "__docs__"}
@@ -50,7 +106,7 @@ def run_page(path: Path, text: str, workdir: Path) -> int:
                 imports = [node for node in ast.parse(src).body if isinstance(node, (ast.Import, ast.ImportFrom))]
                 exec(compile(ast.Module(body=imports, type_ignores=[]), where, "exec"), namespace)
             else:
-                exec(code, namespace)
+                run_block(src, where, namespace)
     finally:
         os.chdir(old)
     return len(blocks)
@@ -123,3 +179,15 @@ def test_a_failing_block_fails(tmp_path):
     with pytest.raises(SyntaxError):
         run_page(page, f"{COMPILE_ONLY}\n```python\ndef broken(:\n```\n", tmp_path)
     assert python_blocks("```bash\nexit 1\n```\n```text\nnot python\n```\n") == []
+
+
+def test_a_wrong_printed_value_fails(tmp_path):
+    """Control: a ``# -> value`` that the code does not give fails the page; the right one passes."""
+    page = tmp_path / "page.md"
+    good = ("```python\nimport numpy as np\nx = [1, 2]\nx  # -> [1, 2]\nnp.arange(3)  # -> [0, 1, 2]\n"
+            "2 / 3  # -> 0.6667\nrange(0, 8)  # -> range(0, 8)\nprint(len(x))  # -> 2\n```\n")
+    assert run_page(page, good, tmp_path) == 1
+    for wrong in ("x = [1, 2]\nx  # -> [1, 3]", "2 / 3  # -> 0.7", "print(1 + 1)  # -> 3",
+                  "(range(0, 8), 1)  # -> (range(0, 4), 1)"):
+        with pytest.raises(AssertionError, match="the example says"):
+            run_page(page, f"```python\n{wrong}\n```\n", tmp_path)

@@ -127,7 +127,7 @@ CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
     }
   };
   auto can_join = [&](int64_t p, int64_t s, int64_t c, int64_t tok) {
-    return p >= 0 && !ps.closed[p] && ps.start[p] == s && ps.size[p] == c && ps.tokens[p] + tok <= ps.cap[p];
+    return p >= 0 && !ps.closed[p] && ps.start[p] == s && ps.size[p] == c && tok <= ps.cap[p] - ps.tokens[p];
   };
 
   // Narrow sequences in the once-sorted cost order (their key, cost / speed, orders them alike): no sort per
@@ -220,7 +220,48 @@ CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
   return finish(x, chosen, ps, false);
 }
 
-CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
+CpPlan steps_of_list(const Ctx& x, const CpPlan& list) {
+  const int64_t W = x.W;
+  const size_t P = list.rank_start.size();
+  std::vector<int64_t> next(static_cast<size_t>(W), 0), step(P);
+  int64_t S = 0;
+  for (size_t p = 0; p < P; ++p) {
+    const int64_t s0 = list.rank_start[p], c = list.group_size[p];
+    int64_t s = 0;
+    for (int64_t r = s0; r < s0 + c; ++r) s = std::max(s, next[r]);
+    for (int64_t r = s0; r < s0 + c; ++r) next[r] = s + 1;
+    step[p] = s;
+    S = std::max(S, s + 1);
+  }
+  std::vector<size_t> order(P);
+  for (size_t p = 0; p < P; ++p) order[p] = p;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return step[a] < step[b]; });
+  Passes ps(x.n, x.opts.pass_overhead);
+  std::vector<int64_t> used(static_cast<size_t>(W), -1);
+  size_t q = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    for (; q < P && step[order[q]] == s; ++q) {
+      const size_t p = order[q];
+      const int64_t s0 = list.rank_start[p], c = list.group_size[p];
+      if (list.offsets[p] == list.offsets[p + 1]) continue;  // the list's own empty passes: re-made below
+      int64_t cap = std::numeric_limits<int64_t>::max();
+      double sp = kInf;
+      for (int64_t r = s0; r < s0 + c; ++r) cap = std::min(cap, x.opts.caps[r]), sp = std::min(sp, x.opts.speed[r]);
+      const int64_t np = ps.open(s0, c, cap, sp, 0.0, s);
+      for (int64_t k = list.offsets[p]; k < list.offsets[p + 1]; ++k) {
+        const int64_t i = list.seqs[k];
+        const int64_t tok = x.L[i] == 0 && x.C[i] == 0.0 ? 0 : cp_local_tokens(x.L[i], c);
+        ps.add(np, i, tok, x.L[i] == 0 && x.C[i] == 0.0 ? 0.0 : x.t(i, c));
+      }
+      for (int64_t r = s0; r < s0 + c; ++r) used[r] = s;
+    }
+    for (int64_t r = 0; r < W; ++r)
+      if (used[r] != s) ps.open(r, 1, x.opts.caps[r], x.opts.speed[r], 0.0, s);
+  }
+  return finish(x, {}, ps, true);
+}
+
+CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order, const std::vector<char>& off) {
   const double O = x.opts.pass_overhead;
   const auto& caps = x.opts.caps;
   const auto& speed = x.opts.speed;
@@ -237,9 +278,11 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
   using Entry = std::pair<double, int64_t>;  // (duration, pass): the least loaded group of a size first
   std::vector<std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>> open(x.sizes.size());
   int64_t step = 0;
+  constexpr int64_t kOff = std::numeric_limits<int64_t>::max();  // owner of a rank left idle (off)
   while (!remaining.empty()) {
     std::fill(owner.begin(), owner.end(), -1);
     for (auto& lu : level_used) std::fill(lu.begin(), lu.end(), 0);
+    int64_t off_ranks = 0;
     for (auto& h : open) h = {};
     std::vector<int64_t> level_ptr(level_used.size(), 0);
     int64_t lp = 0, rp = W - 1;  // uniform ranks: wide groups from the left, single ranks from the right
@@ -317,7 +360,7 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
         const int64_t p = open[k2].top().second;
         const int64_t c2 = x.sizes[k2], tok2 = cp_local_tokens(x.L[i], c2);
         const double t2 = x.t(i, c2);
-        if (ps.tokens[p] + tok2 > ps.cap[p] || O + (ps.work[p] + t2) / ps.speed[p] > limit) continue;
+        if (tok2 > ps.cap[p] - ps.tokens[p] || O + (ps.work[p] + t2) / ps.speed[p] > limit) continue;
         open[k2].pop();
         ps.add(p, i, tok2, t2);
         open[k2].emplace(ps.duration(p), p);
@@ -325,7 +368,9 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
       }
       return false;
     };
-    int64_t free_ranks = W, misses = 0;
+    for (int64_t r = 0; r < static_cast<int64_t>(off.size()); ++r)
+      if (off[r]) take(r, 1, kOff), ++off_ranks;
+    int64_t free_ranks = W - off_ranks, misses = 0;
     for (size_t q = 0; q < remaining.size(); ++q) {
       // A step with no free rank left that keeps refusing sequences is full: the rest waits (keeps the
       // builder near O(n) per step count instead of O(n) per step).
@@ -341,7 +386,7 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
       if (!open[k].empty()) {
         const int64_t p = open[k].top().second;
         // Within the step's length (its first pass; single ranks: see single_limit).
-        if (ps.tokens[p] + tok <= ps.cap[p] && O + (ps.work[p] + ti) / ps.speed[p] <= (c == 1 ? std::max(limit, single_limit) : limit)) {
+        if (tok <= ps.cap[p] - ps.tokens[p] && O + (ps.work[p] + ti) / ps.speed[p] <= (c == 1 ? std::max(limit, single_limit) : limit)) {
           open[k].pop();
           ps.add(p, i, tok, ti);
           open[k].emplace(ps.duration(p), p);
@@ -372,9 +417,13 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order) 
       open[k].emplace(ps.duration(p), p);
     }
     // Every rank runs one pass per step: the idle ones an empty pass (a dummy micro-batch for the collectives).
+    if (static_cast<int64_t>(ps.start.size()) == first_pass) {  // nothing placed (off ranks): no plan
+      CpPlan none;
+      none.makespan = kInf;
+      return none;
+    }
     for (int64_t r = 0; r < W; ++r)
-      if (owner[r] < 0) ps.open(r, 1, caps[r], speed[r], 0.0, step);
-    (void)first_pass;
+      if (owner[r] < 0 || owner[r] == kOff) ps.open(r, 1, caps[r], speed[r], 0.0, step);
     remaining.swap(deferred);
     deferred.clear();
     ++step;

@@ -40,7 +40,13 @@ struct Ctx {
 // build_list order 0: widest groups first (then longest), 1: longest pass first whatever its size.
 // build_steps order bit 0: the same two sort orders swapped; bit 1: single ranks fill to their cap.
 CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order);   // no barrier
-CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order);  // "pass" barrier
+// off (empty: none): ranks left idle at every step (an empty pass each), so a slow rank need not set every step's
+// length; a plan that cannot place some sequence without them has makespan inf.
+CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order,
+                   const std::vector<char>& off = {});  // "pass" barrier
+// A barrier-free plan (build_list) as steps: each pass in the first step after the ones its ranks ran before,
+// idle ranks an empty pass; valid under the "pass" barrier, so a candidate there.
+CpPlan steps_of_list(const Ctx& x, const CpPlan& list);
 
 }  // namespace cp_detail
 }  // namespace packkit

@@ -85,7 +85,7 @@ Ctx::Ctx(const int64_t* lengths, const double* costs, int64_t n_, const CpOption
   min_size.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     // A group of c ranks holds at most c * cap_max tokens, so no size below length / cap_max fits.
-    const int64_t floor_c = std::max<int64_t>(1, (L[i] + cap_max - 1) / cap_max);
+    const int64_t floor_c = std::max<int64_t>(1, L[i] / cap_max + (L[i] % cap_max != 0));
     size_t k = opts.pow2 ? 0 : static_cast<size_t>(std::max<int64_t>(0, floor_c - opts.min_cp));
     while (k < sizes.size() && cp_local_tokens(L[i], sizes[k]) > size_cap[k]) ++k;
     if (k >= sizes.size()) {
@@ -269,12 +269,27 @@ CpPlan plan_context_parallel(const int64_t* lengths, const double* costs, int64_
   // 0: every sequence at about its fastest size (few sequences: running them one after another, each on many
   // ranks, beats running them side by side).
   std::vector<double> multipliers = {1.0, 1.03, 1.1, 1.25, 1.5, 2.0, 3.0, std::numeric_limits<double>::infinity(), 0.0};
+  const std::vector<double> list_multipliers = multipliers;  // the barrier-free search's, for as_steps below
   if (opts.pass_barrier)
     for (double m = 0.5; m > 0.1; m *= 0.5) multipliers.push_back(m);
   int64_t candidates = 0;
+  // Under the barrier, two more kinds of candidate (issue 63: the barrier plan was longer than plans these give):
+  // `as_steps`, a barrier-free list plan laid out as steps (valid under the barrier: the one-step plan among
+  // them), and `off`, ranks left idle at every step (one slow rank otherwise sets every step's length).
+  std::vector<char> off;
+  bool as_steps = false;
+  CpPlan best_steps;
+  best_steps.makespan = std::numeric_limits<double>::infinity();
   auto build = [&](const std::vector<int32_t>& chosen, int order) {
     ++candidates;
-    return opts.pass_barrier ? cp_detail::build_steps(ctx, chosen, order) : cp_detail::build_list(ctx, chosen, order);
+    if (!opts.pass_barrier) return cp_detail::build_list(ctx, chosen, order);
+    if (as_steps) {  // searched as without barrier; every list plan built is a candidate laid out as steps
+      CpPlan list = cp_detail::build_list(ctx, chosen, order);
+      CpPlan steps = cp_detail::steps_of_list(ctx, list);
+      if (steps.makespan < best_steps.makespan) best_steps = std::move(steps);
+      return list;
+    }
+    return cp_detail::build_steps(ctx, chosen, order, off);
   };
   // One search per family of builder orders (under the barrier: without, then with short sequences joining wider
   // passes, order bit 2), each with its own critical-pass widening; the shorter wins. Separate, so a family that
@@ -285,7 +300,7 @@ CpPlan plan_context_parallel(const int64_t* lengths, const double* costs, int64_
     std::vector<std::vector<int32_t>> tried;
     std::vector<int32_t> best_chosen;
     int best_order = first_order;
-    for (double m : multipliers) {
+    for (double m : as_steps ? list_multipliers : multipliers) {
       auto chosen = ctx.choose_sizes(bound * m);
       if (std::find(tried.begin(), tried.end(), chosen) != tried.end()) continue;
       for (int order = first_order; order < end_order; ++order) {
@@ -297,11 +312,13 @@ CpPlan plan_context_parallel(const int64_t* lengths, const double* costs, int64_
     // Critical-pass widening: the costliest sequence of the pass that ends last (under the barrier: the longest
     // pass) gets the next wider feasible size (about twice as wide), while that shortens the makespan. Targets
     // miss this where a wide sequence's successor waits for it (few sequences per rank).
-    for (int round = 0; round < 8 && n > 0 && best.makespan > bound * 1.001; ++round) {
+    for (int round = 0; round < 8 && n > 0 && std::isfinite(best.makespan) && best.makespan > bound * 1.001;
+         ++round) {
       size_t crit = 0;
       for (size_t p = 1; p < best.start.size(); ++p) {
-        const double end_p = opts.pass_barrier ? best.duration[p] : best.start[p] + best.duration[p];
-        const double end_c = opts.pass_barrier ? best.duration[crit] : best.start[crit] + best.duration[crit];
+        const bool steps = opts.pass_barrier && !as_steps;  // as_steps: the list plans' criterion
+        const double end_p = steps ? best.duration[p] : best.start[p] + best.duration[p];
+        const double end_c = steps ? best.duration[crit] : best.start[crit] + best.duration[crit];
         if (end_p > end_c) crit = p;
       }
       int64_t victim = -1;
@@ -329,6 +346,23 @@ CpPlan plan_context_parallel(const int64_t* lengths, const double* costs, int64_
   if (opts.pass_barrier) {
     CpPlan joined = search(4, 8);
     if (joined.makespan < best.makespan) best = std::move(joined);
+    as_steps = true;
+    search(0, 2);  // fills best_steps
+    if (best_steps.makespan < best.makespan) best = std::move(best_steps);
+    as_steps = false;
+    // The slowest ranks left idle: below each of the 3 lowest distinct speeds but the fastest.
+    std::vector<double> speeds(opts.speed);
+    std::sort(speeds.begin(), speeds.end());
+    speeds.erase(std::unique(speeds.begin(), speeds.end()), speeds.end());
+    for (size_t k = 1; k < speeds.size() && k <= 3; ++k) {
+      off.assign(static_cast<size_t>(opts.world), 0);
+      for (int64_t r = 0; r < opts.world; ++r) off[r] = opts.speed[r] < speeds[k];
+      for (int first : {0, 4}) {
+        CpPlan idle = search(first, first + 4);
+        if (idle.makespan < best.makespan) best = std::move(idle);
+      }
+    }
+    off.clear();
   }
   best.lower_bound = opts.pass_barrier ? std::max(bound, ctx.lower_bound(true)) : bound;
   best.candidates = candidates;

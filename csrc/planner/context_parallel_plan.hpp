@@ -36,7 +36,8 @@ struct CpPlan {
 
 // Local tokens per rank of a sequence of `length` tokens on c ranks (zigzag: 2c chunks of equal size).
 inline int64_t cp_local_tokens(int64_t length, int64_t c) {
-  return c == 1 ? length : 2 * ((length + 2 * c - 1) / (2 * c));
+  // ceil(length / 2c) without forming length + 2c - 1 (a length near 2^63 would wrap it).
+  return c == 1 ? length : 2 * (length / (2 * c) + (length % (2 * c) != 0));
 }
 
 // costs[i] = cost(lengths[i]) at c = 1. Throws InvalidInput for a sequence that fits no allowed group.

@@ -67,7 +67,8 @@ void balance_in_step(Step& st, const int64_t* lengths, const std::vector<double>
         if (j == m) continue;
         const double others = slowest_other(top, m, j);
         if (others >= best) continue;
-        if (st.load[j] + lx <= capacity[j]) {
+        // Room compared, not load + length summed: lengths near 2^62 would wrap the sum past int64.
+        if (lx <= capacity[j] - st.load[j]) {
           const double t = std::max({others, (st.cost[m] - cx) / speed[m], (st.cost[j] + cx) / speed[j]});
           if (t < best) best = t, best_x = xi, best_j = j, best_y = SIZE_MAX;
         }
@@ -75,7 +76,7 @@ void balance_in_step(Step& st, const int64_t* lengths, const std::vector<double>
         for (size_t yi = 0; yi < to.size(); ++yi) {
           const int64_t ly = lengths[to[yi]];
           const double cy = costs[static_cast<size_t>(to[yi])];
-          if (cy >= cx || st.load[j] - ly + lx > capacity[j] || st.load[m] - lx + ly > capacity[m]) continue;
+          if (cy >= cx || lx - ly > capacity[j] - st.load[j] || ly - lx > capacity[m] - st.load[m]) continue;
           const double t =
               std::max({others, (st.cost[m] - cx + cy) / speed[m], (st.cost[j] + cx - cy) / speed[j]});
           if (t < best) best = t, best_x = xi, best_j = j, best_y = yi;

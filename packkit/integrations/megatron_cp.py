@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..packing.checks import check_int
+from ..planning.arg_rules import MAX_INT, Int, check_args
 from ..planning.context_parallel import plan_context_parallel
 from ..planning.planner import _cost_model
 
@@ -234,10 +235,7 @@ class PackkitCPScheduler:
     def get_groups_and_subsamples(self, sample_id_seqlens, config=None):
         """``[(sample_id, seq_len), ...]`` -> ``(groups, sample_id_groups)``: one group, per rank the lengths / ids
         it runs in order (``config`` is unused, as in Megatron)."""
-        try:
-            pairs = [(int(i), int(n)) for i, n in sample_id_seqlens]
-        except (TypeError, ValueError) as exc:
-            raise TypeError("sample_id_seqlens must be (sample_id, seq_len) pairs of ints") from exc
+        pairs = _sample_pairs(sample_id_seqlens)
         ids = [i for i, _ in pairs]
         if len(set(ids)) != len(ids):
             raise ValueError("sample_id_seqlens: every sample_id must appear once")
@@ -252,6 +250,24 @@ class PackkitCPScheduler:
                 sample_ids[r].extend(ids[i] for i in seqs)
         length_of = dict(pairs)
         return [[[length_of[i] for i in rank] for rank in sample_ids]], [sample_ids]
+
+
+def _sample_pairs(sample_id_seqlens) -> list:
+    """``[(sample_id, seq_len), ...]`` under the declared rules (``planning.arg_rules.Int``): ints only (Python,
+    numpy or 0-d host tensors), never a bool, a float (3.7 is not 3) or a string ("7" is not 7); ids and lengths
+    in [0, 2**63 - 1]; a meta tensor named."""
+    try:
+        items = list(sample_id_seqlens)
+    except TypeError:
+        raise TypeError("sample_id_seqlens must be a list of (sample_id, seq_len) pairs of ints, got "
+                        f"{type(sample_id_seqlens).__name__}") from None
+    pairs = []
+    for k, pair in enumerate(items):
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+            raise TypeError(f"sample_id_seqlens[{k}] must be a (sample_id, seq_len) pair of ints, got {pair!r:.60}")
+        pairs.append(check_args(Int(f"sample_id_seqlens[{k}] sample_id", 0, MAX_INT),
+                                Int(f"sample_id_seqlens[{k}] seq_len", 0, MAX_INT), values=tuple(pair)))
+    return pairs
 
 
 _saved: list = []

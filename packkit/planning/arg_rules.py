@@ -38,6 +38,9 @@ class Rule:
 def _scalar(value, name: str):
     """A 0-d host tensor or numpy scalar as a Python number (bools kept as bools, so rules can refuse them)."""
     if isinstance(value, torch.Tensor):
+        if value.is_meta:  # a shape, no value: named, not torch's bare RuntimeError from .item()
+            raise ValueError(f"{name} is a meta tensor: meta tensors carry no data (shape and dtype only); pass a "
+                             "number")
         if value.dim() != 0:
             raise TypeError(f"{name} must be a number, got a tensor of shape {tuple(value.shape)}")
         if value.device.type != "cpu":  # reading it would sync the device: the argument layer never does
@@ -80,11 +83,17 @@ class Real(Rule):
         v = _scalar(value, self.name)
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise TypeError(f"{self.name} must be a real number, got {type(value).__name__} {value!r:.60}")
-        v = float(v)
+        try:
+            v = float(v)
+        except OverflowError:  # an int beyond float64 (10**400): named, not a bare OverflowError
+            raise ValueError(f"{self.name} must be a finite number, got an int of {len(str(abs(int(v))))} digits "
+                             "(beyond float64)") from None
         if math.isnan(v) or (math.isinf(v) and not self.inf):
             raise ValueError(f"{self.name} must be a finite number, got {v}")
         if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
-            raise ValueError(f"{self.name} must be in [{self.low}, {self.high}], got {v}")
+            lo = "-inf" if self.low is None else self.low
+            hi = "inf" if self.high is None else self.high
+            raise ValueError(f"{self.name} must be in [{lo}, {hi}], got {v}")
         return v
 
 

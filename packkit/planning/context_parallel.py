@@ -13,6 +13,7 @@ import numbers
 
 import numpy as np
 
+from .arg_rules import MAX_INT, Int, Real
 from .planner import _cost_model, as_lengths
 
 CP_SIZES = ("pow2", "any")
@@ -21,30 +22,38 @@ BARRIERS = ("none", "pass")
 
 
 def _real(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number >= 0, got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-    return value
+    """A finite real >= 0 under the declared rule (arg_rules.Real: bools, strings and ints beyond float64 refused)."""
+    return Real(name, 0.0).check(value)
 
 
 def _int(value, name: str, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if int(value) < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return int(value)
+    """An int in ``[low, 2**63 - 1]`` under the declared rule (arg_rules.Int: bools and floats refused)."""
+    return Int(name, low, MAX_INT).check(value)
 
 
 def _per_rank(value, world: int, name: str, kind: str) -> np.ndarray:
-    """One value per rank from a scalar or a sequence of ``world`` values (ints > 0 or finite reals > 0)."""
-    scalar = isinstance(value, numbers.Number) and not isinstance(value, bool)
+    """One value per rank from a scalar or a sequence of ``world`` values (ints in [1, 2**63 - 1] or finite reals
+    > 0), under the declared rules: a bool anywhere is refused (``[True, 3]`` as ``True``), so is an int beyond
+    int64 (2**63 wrapped to a negative cap) or float64."""
+    scalar = isinstance(value, numbers.Number) or (isinstance(value, np.ndarray) and value.ndim == 0)
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a number or one per rank, got bool")
     if not scalar and not isinstance(value, (list, tuple, np.ndarray)):
         raise TypeError(f"{name} must be a number or one per rank, got {type(value).__name__}")
+    rule = Int(name, 1, MAX_INT) if kind == "int" else Real(name, 0.0)
+    if isinstance(value, numbers.Number):
+        rule.check(value)
+    if isinstance(value, (list, tuple)):  # each entry under the rule (numpy would make [True, 3] ints, [2**63] uint64)
+        for r, v in enumerate(value):
+            try:
+                rule.check(v)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{name}[{r}]: {exc}") from None
     array = np.asarray(value)
     if array.dtype.kind == "b" or array.dtype.kind not in ("iu" if kind == "int" else "iuf"):
         raise TypeError(f"{name} must hold {'ints' if kind == 'int' else 'real numbers'}, got dtype {array.dtype}")
+    if array.dtype.kind == "u" and array.size and int(array.max()) > MAX_INT:
+        raise ValueError(f"{name} must be <= 2**63 - 1 (int64) for every rank; got {int(array.max())}")
     if array.ndim == 0:
         array = np.full(world, array)
     if array.ndim != 1 or len(array) != world:
@@ -70,9 +79,7 @@ def plan_context_parallel(lengths, world_size, max_tokens_per_rank, *, cost="att
     if lengths.size and lengths.min() < 0:
         bad = int(np.argmin(lengths))
         raise ValueError(f"lengths must be >= 0; index {bad} is {int(lengths[bad])}")
-    world = _int(world_size, "world_size")
-    if world > MAX_WORLD:
-        raise ValueError(f"world_size must be in [1, {MAX_WORLD:,}], got {world}")
+    world = Int("world_size", 1, MAX_WORLD).check(world_size)
     caps = _per_rank(max_tokens_per_rank, world, "max_tokens_per_rank", "int")
     speed = np.ones(world) if rank_speed is None else _per_rank(rank_speed, world, "rank_speed", "real")
     cp_comm, pass_overhead = _real(cp_comm, "cp_comm"), _real(pass_overhead, "pass_overhead")
@@ -100,11 +107,17 @@ def plan_context_parallel(lengths, world_size, max_tokens_per_rank, *, cost="att
         raise ValueError("cost overflows float64 for these lengths")
     # Every pass time the planner forms is at most this (all sequences in one pass on the slowest rank): finite,
     # or the simulated times are inf / NaN and no plan is comparable.
-    worst = (float(np.sum(costs)) + cp_comm * float(np.sum(as_float)) + pass_overhead * (lengths.size + 1)) / float(
-        speed.min())
-    if not math.isfinite(worst):
+    with np.errstate(over="ignore", invalid="ignore"):
+        work = float(np.sum(costs)) + cp_comm * float(np.sum(as_float)) + pass_overhead * (lengths.size + 1)
+        worst = work / float(speed.min())
+    if not math.isfinite(work):
         raise ValueError("cost, cp_comm and pass_overhead give pass times that overflow float64 "
                          f"(cp_comm={cp_comm!r}, pass_overhead={pass_overhead!r}); scale them down")
+    if not math.isfinite(worst):  # the work is finite: the slowest speed's division overflows
+        r = int(np.argmin(speed))
+        raise ValueError(f"rank_speed gives pass times (work / rank_speed) that overflow float64: rank {r} has speed "
+                         f"{float(speed[r])!r}; rank_speed must be > 0 and large enough that the work divided by it "
+                         "fits float64 (e.g. relative speeds near 1)")
     raw = _planner.plan_context_parallel(lengths, np.ascontiguousarray(costs, dtype=np.float64), world,
                                          caps.tolist(), speed.tolist(), cp_comm, pass_overhead, pow2, min_cp, max_cp,
                                          barrier == "pass")

@@ -40,7 +40,7 @@ def simulate_passes(lengths, passes, world_size: int, *, cost="attention", cp_co
         seqs = np.asarray(seqs, dtype=np.int64)
         d = pass_time(lengths, costs, seqs, c, cp_comm, pass_overhead, float(speed[ranks].min()))
         local = lengths[seqs] if c == 1 else 2 * -(-lengths[seqs] // (2 * c))
-        peak = max(peak, int(local.sum()))
+        peak = max(peak, sum(local.tolist()))  # Python ints: lengths near 2**62 would wrap an int64 sum
         busy[ranks] += d
         if c > 1:  # CP communication's rank-seconds: cp_comm * (c - 1) / c * s on each of the c ranks
             comm += cp_comm * (c - 1) * float(lengths[seqs].sum()) / float(speed[ranks].min())

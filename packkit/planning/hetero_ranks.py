@@ -8,6 +8,8 @@ import numbers
 
 import numpy as np
 
+from .arg_rules import MAX_INT, Int, Real
+
 MAX_RANKS = 1 << 16  # one capacity / speed per rank: the bound keeps a list's size from setting the work
 
 
@@ -36,10 +38,24 @@ def _array(value, name: str) -> np.ndarray:
     return array
 
 
+def _check_entries(values, name: str, rule) -> None:
+    if len(values) > MAX_RANKS:
+        raise ValueError(f"{name} has {len(values)} entries; at most {MAX_RANKS} ranks are supported")
+    for r, v in enumerate(values):
+        if isinstance(v, (list, tuple, np.ndarray)) or type(v).__name__ == "Tensor" and getattr(v, "ndim", 0):
+            continue  # nested: _array names the shape
+        try:
+            rule.check(v)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{name}[{r}]: {exc}") from None
+
+
 def rank_capacities(capacity, dp_size: int) -> np.ndarray:
     """``capacity`` as ``dp_size`` positive int64 token caps (one number: the same for every rank)."""
     if not is_per_rank(capacity):
         return np.full(dp_size, int(capacity), dtype=np.int64)
+    if isinstance(capacity, (list, tuple)):  # each entry under the declared rule: [True, 10] is not [1, 10]
+        _check_entries(capacity, "capacity", Int("capacity", 1, MAX_INT))
     array = _array(capacity, "capacity")
     if array.dtype.kind not in "iu" or array.dtype == np.bool_:
         if array.dtype == object and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in array):
@@ -65,6 +81,10 @@ def rank_speeds(rank_speed, dp_size: int) -> np.ndarray:
         return np.ones(dp_size)
     if isinstance(rank_speed, (bool, np.bool_)) or not (isinstance(rank_speed, numbers.Real) or is_per_rank(rank_speed)):
         raise TypeError(f"rank_speed must be a list of real numbers, one per rank, got {type(rank_speed).__name__}")
+    if isinstance(rank_speed, (list, tuple)):  # each entry under the declared rule: [True, 2] is not [1, 2]
+        _check_entries(rank_speed, "rank_speed", Real("rank_speed", 0.0))
+    elif isinstance(rank_speed, numbers.Real):
+        Real("rank_speed", 0.0).check(rank_speed)
     array = _array([rank_speed] * dp_size if isinstance(rank_speed, numbers.Real) else rank_speed, "rank_speed")
     if array.dtype.kind not in "iuf":
         raise TypeError(f"rank_speed must hold real numbers (relative throughput), got dtype {array.dtype}")

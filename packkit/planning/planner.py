@@ -364,7 +364,14 @@ def _cost_model(cost: CostSpec):
         def item_costs(item_lengths: np.ndarray) -> np.ndarray:
             view = np.asarray(item_lengths).view()
             view.flags.writeable = False  # the callback sees packkit's lengths, read-only: a write cannot move a plan
-            values = cost(view)
+            try:
+                values = cost(view)
+            except ValueError as exc:
+                if "read-only" not in str(exc):
+                    raise
+                raise ValueError("cost callable wrote into its lengths argument (packkit's own array, handed over "
+                                 f"read-only: {exc}); compute the costs into a new array, e.g. lengths * 2.0 or "
+                                 "lengths.copy()") from None
             torch = sys.modules.get("torch")
             if torch is not None and isinstance(values, torch.Tensor):
                 _refuse_meta(values, "cost")
