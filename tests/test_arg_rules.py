@@ -27,7 +27,7 @@ def test_int_accepts(value, want):
     (0, ValueError, r"n must be >= 1 \(an int in \[1, 10\]\), got 0"),
     (11, ValueError, r"n must be <= 10 \(an int in \[1, 10\]\), got 11"),
     (2**64, ValueError, r"n must be <= 10"), (complex(3, 0), TypeError, r"n must be an int"),
-    (torch.tensor(3, device="meta"), TypeError, r"n is a 0-d tensor on meta"),  # never read from a device
+    (torch.tensor(3, device="meta"), ValueError, r"n is a meta tensor"),  # no data: named (issue 63), never .item()
 ])
 def test_int_refuses(value, exc, match):
     with pytest.raises(exc, match=match):

@@ -8,7 +8,7 @@ import numbers
 
 import numpy as np
 
-from .arg_rules import MAX_INT, Int, Real
+from .arg_rules import MAX_INT, Real
 
 MAX_RANKS = 1 << 16  # one capacity / speed per rank: the bound keeps a list's size from setting the work
 
@@ -38,16 +38,21 @@ def _array(value, name: str) -> np.ndarray:
     return array
 
 
-def _check_entries(values, name: str, rule) -> None:
+def _check_entries(values, name: str, kind: str) -> None:
+    """What numpy would coerce silently in a per-rank list, refused by name (the declared rules, arg_rules): a bool
+    anywhere (``[True, 10]`` is not ``[1, 10]``), an int beyond int64 (capacity) or float64 (rank_speed). The
+    array checks after this name the rest (floats in capacity, <= 0, NaN, strings) as before."""
     if len(values) > MAX_RANKS:
         raise ValueError(f"{name} has {len(values)} entries; at most {MAX_RANKS} ranks are supported")
+    what = "integers (tokens per row)" if kind == "int" else "real numbers (relative throughput)"
     for r, v in enumerate(values):
-        if isinstance(v, (list, tuple, np.ndarray)) or type(v).__name__ == "Tensor" and getattr(v, "ndim", 0):
-            continue  # nested: _array names the shape
-        try:
-            rule.check(v)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{name}[{r}]: {exc}") from None
+        if isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{name} per rank must hold {what}, not bools; rank {r} has {v!r}")
+        if isinstance(v, numbers.Integral):
+            if kind == "int" and not -MAX_INT - 1 <= int(v) <= MAX_INT:
+                raise ValueError(f"{name} entries must be < 2**63 (int64); rank {r} has {int(v)}")
+            if kind == "real":
+                Real(f"{name}[{r}]").check(v)  # 10**400: beyond float64, named
 
 
 def rank_capacities(capacity, dp_size: int) -> np.ndarray:
@@ -55,7 +60,7 @@ def rank_capacities(capacity, dp_size: int) -> np.ndarray:
     if not is_per_rank(capacity):
         return np.full(dp_size, int(capacity), dtype=np.int64)
     if isinstance(capacity, (list, tuple)):  # each entry under the declared rule: [True, 10] is not [1, 10]
-        _check_entries(capacity, "capacity", Int("capacity", 1, MAX_INT))
+        _check_entries(capacity, "capacity", "int")
     array = _array(capacity, "capacity")
     if array.dtype.kind not in "iu" or array.dtype == np.bool_:
         if array.dtype == object and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in array):
@@ -82,9 +87,9 @@ def rank_speeds(rank_speed, dp_size: int) -> np.ndarray:
     if isinstance(rank_speed, (bool, np.bool_)) or not (isinstance(rank_speed, numbers.Real) or is_per_rank(rank_speed)):
         raise TypeError(f"rank_speed must be a list of real numbers, one per rank, got {type(rank_speed).__name__}")
     if isinstance(rank_speed, (list, tuple)):  # each entry under the declared rule: [True, 2] is not [1, 2]
-        _check_entries(rank_speed, "rank_speed", Real("rank_speed", 0.0))
-    elif isinstance(rank_speed, numbers.Real):
-        Real("rank_speed", 0.0).check(rank_speed)
+        _check_entries(rank_speed, "rank_speed", "real")
+    elif isinstance(rank_speed, numbers.Integral):
+        Real("rank_speed").check(rank_speed)  # 10**400: beyond float64, named
     array = _array([rank_speed] * dp_size if isinstance(rank_speed, numbers.Real) else rank_speed, "rank_speed")
     if array.dtype.kind not in "iuf":
         raise TypeError(f"rank_speed must hold real numbers (relative throughput), got dtype {array.dtype}")
