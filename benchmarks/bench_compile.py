@@ -1,0 +1,167 @@
+"""Compiles of a ``torch.compile(fullgraph=True)`` training step fed by each collator (issue 62, CPU).
+
+A tiny random-init Llama (sdpa: transformers finds the documents from ``position_ids``) trains ``--steps`` SGD
+steps on flat packed batches of at most ``--capacity`` tokens whose lengths follow seed 001's profile (lognormal,
+sigma 0.932) scaled to the CPU (median 108 tokens, capped at the capacity). Each feeding compiles its own copy of
+the same initial model and is counted by torch._dynamo's counters (``unique_graphs``: compiles, warm-up included;
+``after_warmup``: compiles after the first 50 steps). Feedings:
+
+- ``packkit contract``: ``PackingCollator(capacity, max_sequences=N, max_length_buckets="pow2")``: one
+  ``[1, capacity]`` row, ``cu_seq_lens`` always ``N + 1`` long.
+- ``packkit exact``: ``PackingCollator()`` (the flat row as long as the batch, exact metadata).
+- ``HF DataCollatorWithFlattening``: transformers' padding-free collator.
+- ``pad-to-max``: each sample padded to the batch's longest (``[B, max_len]`` + attention_mask).
+
+Each runs under ``dynamic=False`` (what a CUDA graph needs: one static shape per graph) and the default
+``dynamic=None`` (automatic dynamic shapes after a second shape). ``backend="aot_eager"``: dynamo's compile count
+does not depend on the backend, and inductor's C++ codegen would cost minutes per compile here. The contract run's
+losses are compared step by step with the exact feeding run eagerly (the same weights, the same SGD steps): the
+packed documents are the same, so the losses must be equal. Padded tokens added by the contract (the row padded to
+capacity) are reported per bucket set. Writes benchmarks/results/compile_cpu.json.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import packkit
+
+import _results
+
+VOCAB = 97
+
+
+def model_and_config():
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                                      use_cache=False, attn_implementation="sdpa")
+    return transformers.LlamaForCausalLM(config)
+
+
+def batches(steps: int, capacity: int, max_docs: int, seed: int = 1) -> list[list[list[int]]]:
+    """Token-budget batches: samples drawn in order, a batch closed before it would pass ``capacity`` tokens or
+    ``max_docs`` samples (the sampler side of the contract)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    pending = None
+    while len(out) < steps:
+        batch, tokens = [], 0
+        while True:
+            n = pending if pending is not None else int(min(capacity, max(2, rng.lognormal(np.log(108), 0.932))))
+            pending = None
+            if tokens + n > capacity or len(batch) == max_docs:
+                pending = n
+                break
+            batch.append(rng.integers(1, VOCAB, n).tolist())
+            tokens += n
+        out.append(batch)
+    return out
+
+
+def feedings(capacity: int, slots: int, buckets):
+    from transformers import DataCollatorWithFlattening
+
+    hf = DataCollatorWithFlattening(return_position_ids=True)
+    contract = packkit.PackingCollator(capacity, max_sequences=slots, max_length_buckets=buckets)
+    exact = packkit.PackingCollator()
+
+    def pad_to_max(features):
+        longest = max(len(f["input_ids"]) for f in features)
+        ids = torch.zeros(len(features), longest, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, f in enumerate(features):
+            ids[i, :len(f["input_ids"])] = torch.tensor(f["input_ids"])
+            mask[i, :len(f["input_ids"])] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+    return {"packkit contract": contract, "packkit exact": exact,
+            "HF DataCollatorWithFlattening": lambda fs: {k: torch.as_tensor(v) for k, v in hf(fs).items()},
+            "pad-to-max": pad_to_max}
+
+
+def run(model, collate, data, *, compiled: bool, dynamic, lr: float = 0.05):
+    import torch._dynamo as dynamo
+
+    model = copy.deepcopy(model)
+    step_fn = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=dynamic) if compiled else model
+    dynamo.reset()
+    dynamo.utils.counters.clear()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, graphs, padded, real = [], [], 0, 0
+    start = time.perf_counter()
+    for step, features in enumerate(data):
+        batch = collate([{"input_ids": s} for s in features])
+        real += sum(len(s) for s in features)
+        padded += int(batch["input_ids"].numel())
+        try:
+            loss = step_fn(**batch, use_cache=False).loss
+        except dynamo.exc.FailOnRecompileLimitHit:  # fullgraph=True: past the limit dynamo fails, not falls back
+            return dict(seconds=time.perf_counter() - start, losses=losses, compiles=graphs[-1],
+                        after_warmup=graphs[-1] - graphs[min(49, len(graphs) - 1)], padding_fraction=1 - real / padded,
+                        failed_at_step=step, failure=f"recompile_limit ({dynamo.config.recompile_limit}) hit")
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+        graphs.append(int(dynamo.utils.counters["stats"]["unique_graphs"]))
+    return dict(seconds=time.perf_counter() - start, losses=losses, compiles=graphs[-1] if compiled else 0,
+                after_warmup=(graphs[-1] - graphs[min(49, len(graphs) - 1)]) if compiled else 0,
+                padding_fraction=1 - real / padded)
+
+
+def main() -> None:
+    import torch._dynamo as dynamo
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--capacity", type=int, default=512)
+    parser.add_argument("--slots", type=int, default=16, help="max_sequences of the contract")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    dynamo.config.capture_scalar_outputs = False  # a host read inside the step is a graph break: fullgraph fails
+    dynamo.config.recompile_limit = 64  # a baseline past it fails (fullgraph=True): reported, not raised
+    torch.set_num_threads(1)
+    data = batches(args.steps, args.capacity, args.slots - 1)  # a flat row's padding takes a slot
+    base = model_and_config()
+    rows = []
+    bucket_sets = {"pow2": "pow2", "[64, 128, 256, capacity]": [64, 128, 256, args.capacity]}
+    for label, buckets in bucket_sets.items():
+        feeds = feedings(args.capacity, args.slots, buckets)
+        names = list(feeds) if label == "pow2" else ["packkit contract"]
+        for name in names:
+            for dynamic in (False, None):
+                r = run(base, feeds[name], data, compiled=True, dynamic=dynamic)
+                r.update(feeding=name, buckets=label if name == "packkit contract" else "-", dynamic=str(dynamic))
+                rows.append(r)
+                print(f"{name:32s} buckets={r['buckets']:26s} dynamic={dynamic!s:5s} compiles={r['compiles']:4d} "
+                      f"after step 50={r['after_warmup']:3d} padding={r['padding_fraction']:.3f} "
+                      f"{r['seconds']:.1f} s {r.get('failure', '')}", flush=True)
+    eager = run(base, packkit.PackingCollator(args.capacity, pad_to_multiple_of=args.capacity), data, compiled=False,
+                dynamic=None)  # exact metadata, the same [1, capacity] tokens, no compile
+    contract = next(r for r in rows if r["feeding"] == "packkit contract" and r["dynamic"] == "False")
+    loss_diff = max(abs(a - b) for a, b in zip(contract["losses"], eager["losses"]))
+    print(f"\nloss: contract (compiled) vs exact metadata (eager), max |diff| over {args.steps} steps = {loss_diff:.3g}")
+    print("\n| feeding | buckets | dynamic | compiles | compiles after step 50 | padded tokens | s |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        failed = f" (fullgraph failed at step {r['failed_at_step']}: {r['failure']})" if "failure" in r else ""
+        print(f"| {r['feeding']} | {r['buckets']} | {r['dynamic']} | {r['compiles']}{failed} | {r['after_warmup']} | "
+              f"{100 * r['padding_fraction']:.1f}% | {r['seconds']:.1f} |")
+    for r in rows:
+        r.pop("losses")
+    doc = {"machine": _results.machine_info(), "steps": args.steps, "capacity": args.capacity, "slots": args.slots,
+           "backend": "aot_eager", "loss_max_abs_diff_vs_exact_eager": loss_diff, "rows": rows}
+    _results.write_results(doc, "compile_cpu.json", Path(args.out) if args.out else None, quick=args.steps < 1000)
+
+
+if __name__ == "__main__":
+    main()
