@@ -255,10 +255,49 @@ CpPlan steps_of_list(const Ctx& x, const CpPlan& list) {
       }
       for (int64_t r = s0; r < s0 + c; ++r) used[r] = s;
     }
-    for (int64_t r = 0; r < W; ++r)
-      if (used[r] != s) ps.open(r, 1, x.opts.caps[r], x.opts.speed[r], 0.0, s);
   }
-  return finish(x, {}, ps, true);
+  return finish(x, {}, ps, true);  // idle ranks: add_idle_passes, for the plan that wins
+}
+
+void add_idle_passes(const Ctx& x, CpPlan& p) {
+  const int64_t W = x.W;
+  const size_t P = p.rank_start.size();
+  std::vector<size_t> order(P);
+  for (size_t q = 0; q < P; ++q) order[q] = q;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p.step[a] < p.step[b]; });
+  CpPlan out;
+  out.offsets.push_back(0);
+  std::vector<int64_t> used(static_cast<size_t>(W), -1);
+  size_t q = 0;
+  for (int64_t s = 0; s < p.num_steps; ++s) {
+    const double begin = q < P ? p.start[order[q]] : 0.0;
+    for (; q < P && p.step[order[q]] == s; ++q) {
+      const size_t k = order[q];
+      out.rank_start.push_back(p.rank_start[k]);
+      out.group_size.push_back(p.group_size[k]);
+      out.step.push_back(s);
+      out.local_tokens.push_back(p.local_tokens[k]);
+      out.start.push_back(p.start[k]);
+      out.duration.push_back(p.duration[k]);
+      out.seqs.insert(out.seqs.end(), p.seqs.begin() + p.offsets[k], p.seqs.begin() + p.offsets[k + 1]);
+      out.offsets.push_back(static_cast<int64_t>(out.seqs.size()));
+      for (int64_t r = p.rank_start[k]; r < p.rank_start[k] + p.group_size[k]; ++r) used[r] = s;
+    }
+    for (int64_t r = 0; r < W; ++r) {
+      if (used[r] == s) continue;
+      out.rank_start.push_back(r);
+      out.group_size.push_back(1);
+      out.step.push_back(s);
+      out.local_tokens.push_back(0);
+      out.start.push_back(begin);
+      out.duration.push_back(x.opts.pass_overhead);
+      out.offsets.push_back(static_cast<int64_t>(out.seqs.size()));
+    }
+  }
+  out.cp_size = std::move(p.cp_size);
+  out.makespan = p.makespan, out.lower_bound = p.lower_bound;
+  out.num_steps = p.num_steps, out.candidates = p.candidates;
+  p = std::move(out);
 }
 
 CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order, const std::vector<char>& off) {
@@ -422,8 +461,8 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order, 
       none.makespan = kInf;
       return none;
     }
-    for (int64_t r = 0; r < W; ++r)
-      if (owner[r] < 0 || owner[r] == kOff) ps.open(r, 1, caps[r], speed[r], 0.0, step);
+    // Idle ranks (owner < 0 or kOff) run an empty pass: added to the winning plan only (add_idle_passes), so a
+    // candidate's size is set by its sequences, not by world_size.
     remaining.swap(deferred);
     deferred.clear();
     ++step;

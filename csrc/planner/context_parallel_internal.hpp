@@ -47,6 +47,9 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order,
 // A barrier-free plan (build_list) as steps: each pass in the first step after the ones its ranks ran before,
 // idle ranks an empty pass; valid under the "pass" barrier, so a candidate there.
 CpPlan steps_of_list(const Ctx& x, const CpPlan& list);
+// Barrier plans are built without the empty passes of idle ranks (they never set a step's length: every step
+// has a pass with sequences, at least as long); this adds them, in step order, to the plan returned.
+void add_idle_passes(const Ctx& x, CpPlan& plan);
 
 }  // namespace cp_detail
 }  // namespace packkit

@@ -366,6 +366,7 @@ CpPlan plan_context_parallel(const int64_t* lengths, const double* costs, int64_
   }
   best.lower_bound = opts.pass_barrier ? std::max(bound, ctx.lower_bound(true)) : bound;
   best.candidates = candidates;
+  if (opts.pass_barrier) cp_detail::add_idle_passes(ctx, best);
   return best;
 }
 
