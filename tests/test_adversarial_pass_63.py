@@ -157,6 +157,14 @@ def test_hetero_lists_refuse_bools(kwargs, name):
         packkit.plan([1, 2], kwargs.pop("capacity"), algorithm="ogbfd", dp_size=2, **kwargs)
 
 
+@pytest.mark.parametrize("kwargs, name", [(dict(world_size=True), "world_size"), (dict(world_size=1.0), "world_size"),
+                                          (dict(world_size=1, rank_speed=[True]), "rank_speed"),
+                                          (dict(world_size=1, cp_comm="0"), "cp_comm")])
+def test_simulate_passes_under_the_planner_rules(kwargs, name):
+    with pytest.raises(TypeError, match=name):
+        simulate_passes([10, 20], [(range(1), [0, 1])], **kwargs)
+
+
 def test_cp_rank_passes_under_the_int_rule():
     plan = packkit.plan_context_parallel([1, 2], 2, 10)
     for bad in (True, 1.0):

@@ -28,7 +28,12 @@ def simulate_passes(lengths, passes, world_size: int, *, cost="attention", cp_co
     a, b, item_costs = _cost_model(cost)
     as_float = lengths.astype(np.float64)
     costs = item_costs(lengths) if item_costs is not None else a * as_float + b * as_float * as_float
-    speed = np.ones(world_size) if rank_speed is None else np.asarray(rank_speed, dtype=np.float64)
+    from .context_parallel import MAX_WORLD, _per_rank, _real
+    from .arg_rules import Int
+
+    world_size = Int("world_size", 1, MAX_WORLD).check(world_size)  # the planner's rules: no bools, no 2.0
+    cp_comm, pass_overhead = _real(cp_comm, "cp_comm"), _real(pass_overhead, "pass_overhead")
+    speed = np.ones(world_size) if rank_speed is None else _per_rank(rank_speed, world_size, "rank_speed", "real")
     free = np.zeros(world_size)
     busy = np.zeros(world_size)
     step_len: dict[int, float] = {}
