@@ -323,7 +323,10 @@ py::dict plan_context_parallel(py::array_t<int64_t, py::array::c_style | py::arr
 
 }  // namespace
 
+void bind_pipeline(py::module_& m);  // pipeline_bindings.cpp
+
 PYBIND11_MODULE(_planner, m) {
+  bind_pipeline(m);
   m.doc() = "packkit's C++ bin-packing planner (use packkit.plan; this is the raw binding)";
   py::register_exception<packkit::InvalidInput>(m, "InvalidInput", PyExc_ValueError);
   m.def("plan", &plan, py::arg("lengths"), py::arg("capacity"), py::arg("algorithm"), py::arg("overlong"),

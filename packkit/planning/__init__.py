@@ -5,6 +5,7 @@ from .cost_model import transformer_cost
 from .plan_check import PLAN_ERRORS, check_plan
 from .planner import ALGORITHMS, OVERLONG_POLICIES, CostSpec, Plan, Segments, as_lengths, plan
 from .vision_cost import VisionCost, vision_cost
+from ..pipeline.simulate import pp_simulate  # issue 61: torch pipeline schedules, simulated
 
 __all__ = ["plan", "Plan", "Segments", "ALGORITHMS", "OVERLONG_POLICIES", "CostSpec", "as_lengths",
            "transformer_cost", "vision_cost", "VisionCost", "check_plan", "PLAN_ERRORS",
