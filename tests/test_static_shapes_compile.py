@@ -52,11 +52,15 @@ def _train(model, collate, data, compiled: bool):
     return torch.stack(losses), compiles
 
 
-def test_contract_batches_compile_once_and_train_as_exact_metadata(monkeypatch):
+def test_contract_batches_compile_once_and_train_as_exact_metadata():
     import torch._dynamo as dynamo
 
-    monkeypatch.setattr(dynamo.config, "capture_scalar_outputs", False)  # a host read in the step: fullgraph fails
-    monkeypatch.setattr(dynamo.config, "recompile_limit", 16)
+    # a host read in the step is a graph break, so fullgraph fails (config.patch: monkeypatch's undo deletes aliases)
+    with dynamo.config.patch(capture_scalar_outputs=False, recompile_limit=16):
+        _check_compiles()
+
+
+def _check_compiles():
     model = tiny_llama(dtype=torch.float64)
     data = _batches()
     assert len({sum(len(f["input_ids"]) for f in b) for b in data}) > 10  # the batches do vary
