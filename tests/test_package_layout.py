@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Source folder -> module prefix (triton_kernels/ ships as packkit.triton_kernels).
 SOURCES = {ROOT / "packkit": "packkit", ROOT / "triton_kernels": "packkit.triton_kernels"}
 # Stage of each subpackage; a module may import its own stage or an earlier one, never a later one.
-STAGES = {"packkit._version": 0, "packkit._planner": 0, "packkit.planning": 1, "packkit.packing": 2,
+STAGES = {"packkit._version": 0, "packkit._planner": 0, "packkit.planning": 1, "packkit.pipeline": 1, "packkit.packing": 2,
           "packkit.triton_kernels": 2, "packkit.context_parallel": 2, "packkit.models": 2, "packkit.training": 3, "packkit.rl": 3, "packkit.shared_prefix": 3,
           "packkit.datasets": 4, "packkit.integrations": 4, "packkit.tools": 5, "packkit.analyze": 5,
           "packkit.__main__": 5, "packkit": 6}
