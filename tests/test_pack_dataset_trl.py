@@ -208,14 +208,14 @@ def test_iterable_dataset_streams_in_bounded_buffers():
     ds = make_dataset(columns, types)
     stream = ds.to_iterable_dataset(num_shards=4).with_format("numpy")
     calls = []
-    real = packkit.datasets.hf_datasets._BufferPacker.__call__
+    real = packkit.datasets.streamed.BufferPacker.__call__
 
     def spy(self, table, indices):
         calls.append(len(table))
         return real(self, table, indices)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(packkit.datasets.hf_datasets._BufferPacker, "__call__", spy)
+        mp.setattr(packkit.datasets.streamed.BufferPacker, "__call__", spy)
         out = packkit.pack_dataset(stream, 40, "bfd_split", buffer_size=64)
         assert isinstance(out, datasets.IterableDataset) and out._formatting == stream._formatting
         rows = table_rows(out)
@@ -229,7 +229,7 @@ def test_iterable_dataset_streams_in_bounded_buffers():
     # map_kwargs' batch_size sets the buffer, as it sets TRL's map batch
     calls.clear()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(packkit.datasets.hf_datasets._BufferPacker, "__call__", spy)
+        mp.setattr(packkit.datasets.streamed.BufferPacker, "__call__", spy)
         table_rows(packkit.pack_dataset(stream, 40, map_kwargs={"batch_size": 100}))
     assert max(calls) <= 100
 

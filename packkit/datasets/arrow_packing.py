@@ -102,6 +102,8 @@ def token_column(name: str, column, *, row_offset: int = 0, generic: bool = Fals
     """
     pa = _pa()
     typ = column.type
+    if generic and pa.types.is_null(typ) and len(column) == 0:  # 0 rows, type unknown (from_dict({"c": []}))
+        return TokenColumn(name, typ, np.zeros(0, np.int64), np.zeros(1, np.int64))  # kept as it is, as TRL
     if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)):
         raise ColumnTypeError(f"column {name!r} is not per-token (type {typ}); every packed column must be a list "
                               f"per row, like input_ids (trl.pack_dataset refuses it too). Choose the columns to "
@@ -167,7 +169,7 @@ def _checked_offsets(name: str, column, row_offset: int, *, values: bool = True)
 def _first_negative(col: TokenColumn) -> Optional[tuple[int, np.ndarray, int]]:
     """(value index, offsets, row offset of its chunk) of the first negative value of a signed-integer column."""
     pa = _pa()
-    if not pa.types.is_signed_integer(col.type.value_type):
+    if pa.types.is_null(col.type) or not pa.types.is_signed_integer(col.type.value_type):
         return None
     if col.arrow_values is not None:  # values with nulls
         import pyarrow.compute as pc

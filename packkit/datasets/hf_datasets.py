@@ -22,6 +22,8 @@ import numpy as np
 from ..planning.planner import CostSpec, _as_count, as_extra_cost
 from .global_plan import (PackReport, check_options, extra_cost_column, extra_cost_values, plan_rows,
                           report_from_plan)
+from .streamed import pack_iterable, stream_buffer_size
+from .trl_rows import pack_column_names, trl_row_order, wrapped_segments
 
 
 STRATEGIES = {"bfd": "truncate", "bfd_split": "split", "wrapped": None}
@@ -32,8 +34,6 @@ MAP_KWARGS_USED = ("batch_size", "keep_in_memory", "cache_file_name")
 MAP_KWARGS_IGNORED = ("num_proc", "desc", "load_from_cache_file", "writer_batch_size", "disable_nullable",
                       "new_fingerprint", "suffix_template", "drop_last_batch", "features", "fn_kwargs",
                       "input_columns", "remove_columns", "with_indices", "with_rank", "batched", "try_original_type")
-# Rows per buffer of an IterableDataset (planned alone, in memory): trl.pack_dataset's map batch is 1,000 rows.
-DEFAULT_BUFFER_ROWS = 10_000
 
 
 def pack_dataset(dataset, seq_length: int, strategy: Optional[str] = None, map_kwargs: Optional[dict] = None, *,
@@ -94,11 +94,14 @@ def pack_dataset(dataset, seq_length: int, strategy: Optional[str] = None, map_k
             never has to fit in RAM; an in-memory dataset is packed in memory. ``keep_in_memory=True`` keeps
             the output in memory; ``cache_file_name`` names the file (a dict by split for a ``DatasetDict``).
             The file is written afresh on every call (to a temporary name, then renamed): never read back.
-        buffer_size: rows per buffer of a streamed dataset (default ``map_kwargs["batch_size"]``, else 10,000).
+        buffer_size: rows per buffer of a streamed dataset. ``"bfd"`` / ``"bfd_split"``: default
+            ``map_kwargs["batch_size"]``, else 10,000. ``"wrapped"``: default the map batch (1,000; ``None``: the
+            whole stream), or a multiple of it (else ValueError): cut where TRL cuts it, rows equal to TRL's.
 
     The report's summary (counts) is always in the output's ``info.description`` as JSON, after the
     prefix ``"packkit.pack_dataset: "``. Zero-length rows hold no tokens and are in no output row
-    (counted in ``zero_length``).
+    (counted in ``zero_length``). An empty dataset (0 rows, or only empty rows) gives 0 rows on every strategy,
+    as ``trl.pack_dataset`` does for ``"wrapped"`` (TRL 1.16 raises for ``"bfd"`` / ``"bfd_split"`` there).
     """
     wrapped, overlong, batch_size = _resolve_strategy(strategy, overlong, map_kwargs)
     if map_kwargs:
@@ -135,11 +138,8 @@ def pack_dataset(dataset, seq_length: int, strategy: Optional[str] = None, map_k
                          'dp_size, extra_cost or position_ids')
     if keep_in_memory is not None and not isinstance(keep_in_memory, bool):
         raise TypeError(f"keep_in_memory must be None, True or False, got {keep_in_memory!r}")
-    if buffer_size is not None:
-        buffer_size = _as_count(buffer_size, "buffer_size")
-    else:
-        buffer_size = (map_kwargs or {}).get("batch_size") or DEFAULT_BUFFER_ROWS
-        buffer_size = buffer_size if buffer_size > 0 else DEFAULT_BUFFER_ROWS
+    buffer_size = stream_buffer_size(buffer_size, batch_size, wrapped=wrapped,
+                                     bfd_batch=(map_kwargs or {}).get("batch_size"))
     kwargs = dict(seq_length=seq_length, wrapped=wrapped, batch_size=batch_size, algorithm=algorithm,
                   overlong=overlong, columns=columns, dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed,
                   position_ids=position_ids, extra_cost=extra_cost)
@@ -152,7 +152,7 @@ def pack_dataset(dataset, seq_length: int, strategy: Optional[str] = None, map_k
         out, reports = {}, {}
         for split, part in dataset.items():
             if streamed:
-                out[split] = _pack_iterable(datasets, part, buffer_size=buffer_size, **kwargs)
+                out[split] = pack_iterable(part, buffer_size=buffer_size, **kwargs)
             else:
                 out[split], reports[split] = _pack_one(datasets, part, keep_in_memory=keep_in_memory,
                                                        cache_file_name=(cache_file_name or {}).get(split), **kwargs)
@@ -164,7 +164,7 @@ def pack_dataset(dataset, seq_length: int, strategy: Optional[str] = None, map_k
         if keep_in_memory is not None or cache_file_name is not None:
             raise TypeError("keep_in_memory and cache_file_name are for a datasets.Dataset; a streamed dataset is "
                             "packed as it is read")
-        return _pack_iterable(datasets, dataset, buffer_size=buffer_size, **kwargs)
+        return pack_iterable(dataset, buffer_size=buffer_size, **kwargs)
     if not isinstance(dataset, datasets.Dataset):
         raise TypeError(f"pack_dataset takes a datasets.Dataset, IterableDataset, DatasetDict or a ray.data.Dataset, "
                         f"got {type(dataset).__name__}")
@@ -211,23 +211,6 @@ def _map_kwargs_paths(map_kwargs, keep_in_memory, cache_file_name):
     return keep_in_memory, cache_file_name
 
 
-def pack_column_names(names: Sequence[str], columns: Optional[Sequence[str]], *, wrapped: bool,
-                      position_ids: bool) -> list[str]:
-    """The columns to pack, in the dataset's order (TRL keeps it): all of ``names`` or those of ``columns``."""
-    from .arrow_packing import checked_column_names, refuse_reserved
-
-    names = list(names)
-    if columns is None:
-        chosen = names
-    else:
-        keep = set(checked_column_names(names, columns))
-        chosen = [c for c in names if c in keep]
-    if not chosen:
-        raise ValueError(f"there is no column to pack (columns: {names})")
-    refuse_reserved(chosen, ([] if wrapped else ["seq_lengths"]) + (["position_ids"] if position_ids else []))
-    return chosen
-
-
 def _restored_format(fmt: dict, present: Sequence[str], added: Sequence[str]) -> dict:
     """``with_format`` arguments restoring the input's format on the output, as ``trl.pack_dataset`` does (its
     columns plus the ones packing adds), less any column that is not in the output."""
@@ -248,8 +231,6 @@ def _pack_one(datasets, dataset, *, seq_length, wrapped, batch_size, algorithm, 
         raise TypeError(f"cache_file_name must be a path, got {type(cache_file_name).__name__}")
     if keep_in_memory and cache_file_name is not None:
         raise ValueError("pass keep_in_memory=True or a cache_file_name, not both")
-    if len(dataset) == 0:
-        raise ValueError("the dataset is empty: there is nothing to pack")
     cost_column = extra_cost_column(extra_cost, dataset.column_names)
     if cost_column is not None:
         extra_cost = extra_cost_values(dataset.select_columns([cost_column]).with_format("arrow")[:].column(0),
@@ -295,143 +276,6 @@ def _pack_one(datasets, dataset, *, seq_length, wrapped, batch_size, algorithm, 
     result = datasets.Dataset(out, info=info, fingerprint=fingerprint)
     added = [n for n in schema.names if n not in chosen]
     return result.with_format(**_restored_format(dataset.format, schema.names, added)), report
-
-
-def trl_row_order(segments):
-    """Each row's segments in ``trl.pack_dataset``'s order: longest first, equal lengths in source order (row, then
-    piece), as its best-fit-decreasing pass adds them. The rows stay where they are."""
-    from ..planning.planner import Segments
-
-    seq, start, length, offsets = segments
-    counts = np.diff(offsets)
-    if len(seq) < 2 or int(counts.max(initial=0)) < 2:
-        return segments
-    row = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    length64 = np.asarray(length, np.int64)
-    d_len, d_seq, d_start = np.diff(length64), np.diff(seq), np.diff(start)
-    wrong = (row[1:] == row[:-1]) & ((d_len > 0) | ((d_len == 0) & ((d_seq < 0) | ((d_seq == 0) & (d_start < 0)))))
-    if not wrong.any():
-        return segments
-    bad = np.zeros(len(counts), bool)
-    bad[row[1:][wrong]] = True
-    idx = np.flatnonzero(bad[row])  # the segments of the rows out of order (rows are contiguous runs)
-    order = np.arange(len(seq), dtype=np.int64)
-    top, nseq = int(length64.max()) + 1, int(seq.max()) + 1
-    if len(counts) * top * nseq < 2 ** 62:  # one int64 key: row, then longest first, then source row (a sequence's
-        # pieces never share a row: all but its last are seq_length long)
-        key = (row[idx] * top + (top - 1 - length64[idx])) * nseq + seq[idx]
-        order[idx] = idx[np.argsort(key)]
-    else:
-        order[idx] = idx[np.lexsort((start[idx], seq[idx], -length64[idx], row[idx]))]
-    return Segments(seq[order], start[order], length[order], offsets)
-
-
-def wrapped_segments(lengths: np.ndarray, seq_length: int, batch_size: Optional[int], *, shuffle: bool, seed: int):
-    """TRL's ``"wrapped"`` rows as segments: within each batch of ``batch_size`` rows (``None``: one batch) the
-    rows' tokens one after another, cut every ``seq_length`` tokens; the rows in that order (``shuffle``: a
-    ``seed``-ed permutation). Returns (segments, PackReport)."""
-    from ..planning.planner import Segments
-
-    lengths = np.asarray(lengths, np.int64)
-    n = len(lengths)
-    cum = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths, out=cum[1:])
-    starts = np.arange(0, n, batch_size or max(n, 1), dtype=np.int64)
-    batch_lo = cum[starts]
-    batch_tokens = cum[np.minimum(starts + (batch_size or max(n, 1)), n)] - batch_lo
-    per_batch = -(-batch_tokens // seq_length)  # rows cut from each batch
-    first_row = np.zeros(len(per_batch) + 1, np.int64)
-    np.cumsum(per_batch, out=first_row[1:])
-    cuts = np.repeat(batch_lo, per_batch) + (np.arange(int(first_row[-1]), dtype=np.int64)
-                                             - np.repeat(first_row[:-1], per_batch)) * seq_length
-    bounds = np.union1d(cum, cuts)  # every place a segment starts or ends, sorted
-    begin = bounds[:-1]
-    seg_seq = np.searchsorted(cum, begin, side="right") - 1  # the last row starting at or before: never empty
-    seg_start = begin - cum[seg_seq]
-    seg_length = np.diff(bounds)
-    seg_row = np.searchsorted(cuts, begin, side="right") - 1
-    counts = np.bincount(seg_row, minlength=len(cuts)) if len(cuts) else np.zeros(0, np.int64)
-    offsets = np.zeros(len(cuts) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    segments = Segments(seg_seq, seg_start, seg_length, offsets)
-    if shuffle and len(cuts) > 1:
-        order = np.random.default_rng(seed).permutation(len(cuts))
-        new_counts = counts[order]
-        new_offsets = np.zeros(len(cuts) + 1, np.int64)
-        np.cumsum(new_counts, out=new_offsets[1:])
-        take = np.arange(int(new_offsets[-1]), dtype=np.int64) + np.repeat(offsets[order] - new_offsets[:-1],
-                                                                           new_counts)
-        segments = Segments(seg_seq[take], seg_start[take], seg_length[take], new_offsets)
-    pieces = np.bincount(seg_seq, minlength=n) if len(seg_seq) else np.zeros(n, np.int64)
-    tokens = int(cum[-1])
-    report = PackReport(sequences=n, rows=len(cuts), tokens=tokens, seq_length=seq_length, algorithm="wrapped",
-                        overlong="split", lower_bound=-(-tokens // seq_length),
-                        efficiency=tokens / (len(cuts) * seq_length) if len(cuts) else 1.0, columns=[],
-                        excluded_columns=[], split=np.flatnonzero(pieces > 1).astype(np.int64),
-                        zero_length=np.flatnonzero(lengths == 0).astype(np.int64))
-    return segments, report
-
-
-class _BufferPacker:
-    """The function an ``IterableDataset.map(batched=True, with_indices=True)`` calls on each buffer (a pyarrow
-    Table): plans the buffer alone and returns its packed rows. A picklable object, so streamed datasets can
-    run in DataLoader workers."""
-
-    def __init__(self, *, chosen, seq_length, wrapped, algorithm, overlong, dp_size, cost, shuffle, seed,
-                 position_ids, extra_cost, buffer_size):
-        self.__dict__.update(chosen=chosen, seq_length=seq_length, wrapped=wrapped, algorithm=algorithm,
-                             overlong=overlong, dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed,
-                             position_ids=position_ids, extra_cost=extra_cost, buffer_size=buffer_size)
-
-    def __call__(self, table, indices):
-        from .arrow_packing import check_row_lengths, pack_table, token_column
-
-        chosen = self.chosen if self.chosen is not None else pack_column_names(
-            [c for c in table.column_names if c != self.extra_cost], None, wrapped=self.wrapped,
-            position_ids=self.position_ids)
-        first = int(indices[0]) if len(indices) else 0
-        buffer = first // self.buffer_size
-        seed = int(np.random.SeedSequence([self.seed, buffer]).generate_state(1)[0])  # one seed per buffer
-        cols = [token_column(name, table.column(name), row_offset=first, generic=True) for name in chosen]
-        lead = chosen.index("input_ids") if "input_ids" in chosen else 0
-        lengths = check_row_lengths(cols, row_offset=first, lead=lead, negative="warn")
-        if self.wrapped:
-            segments, _ = wrapped_segments(lengths, self.seq_length, None, shuffle=self.shuffle, seed=seed)
-        else:
-            extra = None
-            if self.extra_cost is not None:
-                extra = as_extra_cost(extra_cost_values(table.column(self.extra_cost), self.extra_cost), len(lengths))
-            _, segments, _ = plan_rows(lengths, self.seq_length, algorithm=self.algorithm, overlong=self.overlong,
-                                       dp_size=self.dp_size, cost=self.cost, shuffle=self.shuffle, seed=seed,
-                                       extra_cost=extra)
-            segments = trl_row_order(segments)
-        return pack_table(cols, segments, position_ids=self.position_ids, seq_lengths=not self.wrapped)
-
-
-def _pack_iterable(datasets, dataset, *, seq_length, wrapped, batch_size, algorithm, overlong, columns, dp_size,
-                   cost, shuffle, seed, position_ids, extra_cost, buffer_size):
-    """An ``IterableDataset`` packed buffer by buffer, lazily; returns an ``IterableDataset`` in its format."""
-    if extra_cost is not None and not isinstance(extra_cost, str):
-        raise TypeError("extra_cost for a streamed dataset is the name of a column (there is no row count to match "
-                        "an array against)")
-    names = dataset.column_names  # None when the stream's features are unknown
-    chosen = None
-    if names is not None:
-        if isinstance(extra_cost, str):
-            extra_cost_column(extra_cost, names)
-        chosen = pack_column_names([c for c in names if c != extra_cost], columns, wrapped=wrapped,
-                                   position_ids=position_ids)
-    elif columns is not None:
-        raise ValueError("columns=[...] needs a stream with known features (its column_names are None)")
-    packer = _BufferPacker(chosen=chosen, seq_length=seq_length, wrapped=wrapped, algorithm=algorithm,
-                           overlong=overlong, dp_size=dp_size, cost=cost, shuffle=shuffle, seed=seed,
-                           position_ids=position_ids, extra_cost=extra_cost, buffer_size=buffer_size)
-    formatting = dataset._formatting
-    fmt_type = formatting.format_type if formatting is not None else None
-    source = dataset.with_format("arrow")
-    out = source.map(packer, batched=True, batch_size=buffer_size, with_indices=True,
-                     remove_columns=names if names is not None and chosen != names else None)
-    return out.with_format(fmt_type)
 
 
 # Tokens per record batch written to a cache file: the output held in memory at once (16 MiB of int32 ids).
