@@ -33,6 +33,7 @@ import torch
 import packkit
 
 import _results
+from bench_train import pad_batch
 
 VOCAB = 97
 
@@ -74,18 +75,9 @@ def feedings(capacity: int, slots: int, buckets):
     contract = packkit.PackingCollator(capacity, max_sequences=slots, max_length_buckets=buckets)
     exact = packkit.PackingCollator()
 
-    def pad_to_max(features):
-        longest = max(len(f["input_ids"]) for f in features)
-        ids = torch.zeros(len(features), longest, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, f in enumerate(features):
-            ids[i, :len(f["input_ids"])] = torch.tensor(f["input_ids"])
-            mask[i, :len(f["input_ids"])] = 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
-
     return {"packkit contract": contract, "packkit exact": exact,
             "HF DataCollatorWithFlattening": lambda fs: {k: torch.as_tensor(v) for k, v in hf(fs).items()},
-            "pad-to-max": pad_to_max}
+            "pad-to-max": pad_batch}  # bench_train's [B, longest] + attention_mask
 
 
 def run(model, collate, data, *, compiled: bool, dynamic, lr: float = 0.05):
