@@ -54,14 +54,29 @@ def test_bad_max_sequences(value, exc, match):
         packkit.plan([3, 4], 10, max_sequences=value)
 
 
-def test_ogbfd_steps_refuse_it_by_name():
-    with pytest.raises(ValueError, match="max_sequences is planned by nf, ffd, bfd and obfd"):
-        packkit.plan([3, 4, 5, 6], 10, algorithm="ogbfd", dp_size=2, max_sequences=2)
+@settings(max_examples=100, deadline=None)
+@given(lengths=st.lists(st.integers(1, 64), min_size=0, max_size=200), capacity=st.integers(64, 200),
+       n=st.integers(1, 9), dp=st.integers(2, 6), cost=st.sampled_from(["tokens", "attention"]))
+def test_ogbfd_step_layouts_respect_the_limit(lengths, capacity, n, dp, cost):
+    # the step balancing moves items between rows: only into rows below N (a candidate that breaks it is dropped)
+    p = packkit.plan(lengths, capacity, algorithm="ogbfd", dp_size=dp, cost=cost, max_sequences=n)
+    seq, _, seg_length, offsets = p.segments
+    assert (np.diff(offsets) <= n).all()
+    assert sorted(seq.tolist()) == list(range(len(lengths)))
+    assert len(p.bins) % dp == 0
+    bounds = np.concatenate(([0], np.cumsum(seg_length)))
+    assert (bounds[offsets[1:]] - bounds[offsets[:-1]] <= capacity).all()
+
+
+def test_ogbfd_limit_binds_and_refusals_are_named():
+    lengths = [1000, 1000] + [1] * 40
+    p = packkit.plan(lengths, 1100, algorithm="ogbfd", dp_size=2, max_sequences=4)
+    assert max(len(b) for b in p.bins) == 4
+    assert max(len(b) for b in packkit.plan(lengths, 1100, algorithm="ogbfd", dp_size=2).bins) > 4  # control
+    with pytest.raises(ValueError, match="max_sequences is not planned with per-rank capacities or rank_speed"):
+        packkit.plan([3, 4, 5, 6], 10, algorithm="ogbfd", dp_size=2, rank_speed=[1.0, 2.0], max_sequences=2)
     with pytest.raises(ValueError, match="no max_sequences"):
         packkit.plan([1.5, 2.5], 10.0, algorithm="ffd", max_sequences=2)
-    # obfd rows dealt to ranks in order take it
-    p = packkit.plan([3, 4, 5, 6, 1, 1], 10, algorithm="obfd", dp_size=2, max_sequences=2)
-    assert max(len(b) for b in p.bins) <= 2
 
 
 def test_huge_limit_allocates_nothing_by_it():

@@ -22,6 +22,7 @@ struct StepState {
   const std::vector<double>& costs;
   int64_t capacity;
   bool fill_empty = true;  // may a move put an item into an empty row (one more row)?
+  size_t max_items = SIZE_MAX;  // a move never gives a row more items than this (swaps keep the counts)
   std::vector<std::vector<int64_t>*> bins;
   std::vector<double> cost;
   std::vector<int64_t> load;
@@ -100,7 +101,7 @@ struct StepState {
         const double ci = costs[static_cast<size_t>(i)];
         if (top - ci >= best) continue;
         const int64_t li = lengths[i];
-        if (li <= free_t && (fill_empty || !bt.empty())) {  // move i alone (into an empty row if allowed)
+        if (li <= free_t && (fill_empty || !bt.empty()) && bt.size() < max_items) {  // move i alone (into an empty row if allowed)
           const double pair_max = std::max(top - ci, cost[t] + ci);
           if (pair_max < best) best = pair_max, best_pi = pi, best_t = t, best_pj = -1;
         }
@@ -240,7 +241,7 @@ double sum_of_step_maxima(const Slots& slots, const std::vector<double>& costs, 
 // Improves a step-major layout in place: moves/swaps inside each step, empty rows of the last step
 // filled from other steps (while the layout has at most max_rows non-empty rows).
 void polish(Slots& slots, const int64_t* lengths, const std::vector<double>& costs, int64_t capacity, size_t dp,
-            size_t max_rows) {
+            size_t max_rows, size_t max_items = SIZE_MAX) {
   size_t rows = 0, empty = 0;
   for (const auto& row : slots) rows += !row.empty(), empty += row.empty();
   // Only the last step has empty rows; moves may fill them while the row count stays in bounds.
@@ -248,6 +249,7 @@ void polish(Slots& slots, const int64_t* lengths, const std::vector<double>& cos
   auto refine_step = [&](size_t s) {
     StepState state(lengths, costs, capacity);
     state.fill_empty = may_fill;
+    state.max_items = max_items;
     for (size_t k = s * dp; k < (s + 1) * dp; ++k) state.add(&slots[k]);
     state.refine();
   };
@@ -274,6 +276,13 @@ bool empty_rows_last(Slots& slots, size_t dp, size_t max_rows) {
   return true;
 }
 
+// Every row holds at most max_items items (the layouts built while packing do not count them).
+bool within_items(const Slots& slots, size_t max_items) {
+  for (const auto& row : slots)
+    if (row.size() > max_items) return false;
+  return true;
+}
+
 }  // namespace
 
 Slots sorted_steps(const BinAssignment& bins, const int64_t* lengths, const std::vector<double>& costs,
@@ -293,8 +302,9 @@ Slots sorted_steps(const BinAssignment& bins, const int64_t* lengths, const std:
 
 Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
                     const std::vector<double>& costs, int64_t capacity, int64_t dp_size,
-                    const CostModel* length_cost) {
+                    const CostModel* length_cost, int64_t max_items) {
   Slots by_bin = group_by_bin(bins);
+  const size_t item_limit = max_items > 0 ? static_cast<size_t>(max_items) : SIZE_MAX;
   if (dp_size == 1) return by_bin;
   const size_t dp = static_cast<size_t>(dp_size);
 
@@ -312,6 +322,7 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
     grouped_ok = empty_rows_last(grouped, dp, max_rows);
     if (grouped_ok) polish(grouped, lengths, costs, capacity, dp, max_rows);
     grouped_ok = grouped_ok && empty_rows_last(grouped, dp, max_rows);  // moves may fill empty rows
+    grouped_ok = grouped_ok && within_items(grouped, item_limit);
   };
   // Candidate 3: the heavy tail planned first (see heavy_steps_first).
   auto make_heavy = [&] {
@@ -329,7 +340,7 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
       limit = used * 3 / 4;
     }
     if (heavy_ok) polish(heavy, lengths, costs, capacity, dp, max_rows);
-    heavy_ok = heavy_ok && empty_rows_last(heavy, dp, max_rows);
+    heavy_ok = heavy_ok && empty_rows_last(heavy, dp, max_rows) && within_items(heavy, item_limit);
   };
   // Candidate 1: best-fit bins sorted by cost, dp consecutive bins per step.
   Slots slots(static_cast<size_t>(round_up(bins.num_bins, dp_size)));
@@ -340,7 +351,7 @@ Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
     std::iota(order.begin(), order.end(), size_t{0});
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
     for (size_t k = 0; k < order.size(); ++k) slots[k] = std::move(by_bin[order[k]]);
-    polish(slots, lengths, costs, capacity, dp, max_rows);
+    polish(slots, lengths, costs, capacity, dp, max_rows, item_limit);  // the bins are within max_items already
   };
   run_beside(costs.size() >= kBesideItems, make_heavy, [&] {
     make_sorted();

@@ -19,9 +19,11 @@ Slots deal_in_order(const BinAssignment& bins, int64_t dp_size);
 // step take items from the most loaded bins of other steps when that lowers those steps' maxima.
 // Items are only moved, never copied: every item stays in exactly one slot.
 // length_cost: the cost model when costs come from lengths alone (nullptr for per-item costs).
+// max_items > 0: no slot gets more items than that (bins must be within it: moves keep to it, a candidate built
+// while packing that breaks it is not kept).
 Slots balance_steps(const BinAssignment& bins, const int64_t* lengths,
                     const std::vector<double>& costs, int64_t capacity, int64_t dp_size,
-                    const CostModel* length_cost = nullptr);
+                    const CostModel* length_cost = nullptr, int64_t max_items = 0);
 
 // ogbfd's first candidate alone: bins sorted by cost, dp_size consecutive bins per step, moves and swaps inside
 // each step (balance_steps runs it beside the other two and keeps the best).

@@ -155,7 +155,7 @@ struct PlanOptions {
   // rank_capacity[i] tokens (capacity is then their maximum) and run at relative speed rank_speed[i].
   std::vector<int64_t> rank_capacity;
   std::vector<double> rank_speed;
-  // > 0: no row holds more than this many items (nf / ffd / bfd / obfd, and ogbfd with one rank); 0: no limit.
+  // > 0: no row holds more than this many items (every algorithm; not with rank_capacity); 0: no limit.
   int64_t max_items = 0;
 };
 

@@ -216,11 +216,10 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
 
   check_ranks(opts);
   if (opts.max_items < 0) throw InvalidInput("max_sequences must be >= 1 (or unset), got " + std::to_string(opts.max_items));
-  // ogbfd's step layouts move and swap items between rows: none of them counts items per row yet
-  if (opts.max_items > 0 && (opts.dp_size > 1 || !opts.rank_capacity.empty()) &&
-      opts.algorithm == Algorithm::GroupedBestFit)
-    throw InvalidInput("max_sequences is planned by nf, ffd, bfd and obfd (and ogbfd with dp_size=1); ogbfd's "
-                       "data-parallel step layouts do not take it: plan with obfd (its rows are dealt in order)");
+  // the heterogeneous step layout fills rows of different capacities: it does not count items per row
+  if (opts.max_items > 0 && !opts.rank_capacity.empty())
+    throw InvalidInput("max_sequences is not planned with per-rank capacities or rank_speed (ogbfd's heterogeneous "
+                       "step layout does not take it): plan with one capacity");
   PlanResult plan;
   plan.dp_size = opts.dp_size;
   const Items items = make_items(lengths, n, opts.capacity, opts.overlong, plan.report);
@@ -249,7 +248,7 @@ PlanResult make_plan(const int64_t* lengths, int64_t n, const PlanOptions& opts,
     const std::vector<double> costs = item_costs(items, opts, item_cost_fn, extra_cost);
     Slots slots = opts.algorithm == Algorithm::GroupedBestFit
                       ? balance_steps(bins, items.length, costs, opts.capacity, opts.dp_size,
-                                      per_item ? nullptr : &opts.cost)
+                                      per_item ? nullptr : &opts.cost, opts.max_items)
                       : deal_in_order(bins, opts.dp_size);
     emit_slots(plan, items, slots, costs);
   }

@@ -514,8 +514,9 @@ def plan(lengths: Sequence[int], capacity: int, *, algorithm: str = "obfd", dp_s
             with ``algorithm="ogbfd"``: a row's time is its cost / its rank's speed and steps are balanced in
             time (``balance`` and ``rank_balance`` are in time). ``None``: every rank speed 1.
         max_sequences: no row holds more than this many sequences (``"split"`` pieces count one each): a bin
-            constraint of ``nf`` / ``ffd`` / ``bfd`` / ``obfd`` (and ``ogbfd`` with ``dp_size=1``), for batches with
-            a fixed number of sequence slots per row (static shapes, docs/packing.md). ``None``: no limit.
+            constraint of every algorithm (``ogbfd``'s step balancing moves items only into rows with room), for
+            batches with a fixed number of sequence slots per row (static shapes, docs/packing.md); not with
+            per-rank capacities or ``rank_speed``. ``None``: no limit.
     """
     caps = speeds = None  # caps: per-rank capacities when the ranks differ (speeds: whenever given)
     if rank_speed is not None or is_per_rank(capacity):  # heterogeneous ranks (hetero_ranks.py)
