@@ -33,6 +33,12 @@ def check_max_sequences(value) -> Optional[int]:
     return check_args(Int("max_sequences", 1, 2**31 - 2), values=(value,))[0]  # cu_seqlens are int32
 
 
+def documents_per_row(max_sequences: Optional[int]) -> Optional[int]:
+    """Documents a planned row may hold under ``max_sequences`` slots: one slot is kept for the row's padding
+    tail (a row the documents fill exactly needs none, but the plan cannot know it ahead); N=1: one document."""
+    return None if max_sequences is None else max(max_sequences - 1, 1)
+
+
 def check_buckets(buckets):
     """``max_length_buckets`` as ``"pow2"``, a sorted tuple of distinct ints >= 1, or None."""
     if buckets is None or (isinstance(buckets, str) and buckets == POW2):

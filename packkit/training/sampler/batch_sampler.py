@@ -26,6 +26,7 @@ from torch.utils.data import Sampler
 
 from ...context_parallel import cp_plan_multiple, parse_context_parallel
 from ...context_parallel.shard import check_cp_capacity
+from ...packing.static_shapes import check_max_sequences, documents_per_row
 from ...planning.planner import ALGORITHMS, CostSpec, Plan, _cost_model, as_extra_cost, as_lengths
 from .args import cost_tag, int_arg
 from .epoch import EpochPlan, plan_epoch
@@ -83,6 +84,10 @@ class PackedBatchSampler(Sampler[list[int]]):
         extra_cost: per-sample cost added to each sample's ``cost`` in the balance (one finite value >= 0 per
             sample, dataset order, the cost's units), e.g. ``packkit.vision_cost(config).per_sample(grids)``
             for a VLM's images: see :func:`packkit.plan`. Part of the resume fingerprint.
+        max_sequences: the static-shape contract (docs/packing.md "Static shapes"): every yielded row collates
+            under ``PackingCollator(max_sequences=N)``: rows are planned with at most ``N - 1`` samples (a row's
+            padding takes a slot; ``N=1``: one sample per row), by every algorithm (ogbfd keeps balancing within
+            it). Part of the resume fingerprint.
 
     Zero-length samples hold no tokens, are planned into no row and are never yielded
     (:attr:`zero_length`).
@@ -91,11 +96,12 @@ class PackedBatchSampler(Sampler[list[int]]):
     def __init__(self, lengths, capacity: int, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  group=None, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  algorithm: str = "ogbfd", cost: CostSpec = "attention", overlong: str = "error",
-                 rows_per_step: int = 1, context_parallel=None, extra_cost=None):
+                 rows_per_step: int = 1, context_parallel=None, extra_cost=None, max_sequences=None):
         self.context_parallel = parse_context_parallel(context_parallel)
         self._cp_multiple = cp_plan_multiple(self.context_parallel)
         if self.context_parallel is not None and rank is None and world_size is None:
             rank, world_size = cp_data_parallel_rank(group, self.context_parallel[0])
+        self.max_sequences = check_max_sequences(max_sequences)
         self.lengths = as_lengths(lengths).copy()
         self.lengths.flags.writeable = False
         self.extra_cost = as_extra_cost(extra_cost, len(self.lengths))
@@ -209,7 +215,8 @@ class PackedBatchSampler(Sampler[list[int]]):
                                           shuffle=self.shuffle, drop_last=self.drop_last, algorithm=self.algorithm,
                                           cost=self.cost, overlong=self.overlong, world_size=self.world_size,
                                           rows_per_step=self.rows_per_step,
-                                          pad_to_multiple_of=self._cp_multiple, extra_cost=self.extra_cost)
+                                          pad_to_multiple_of=self._cp_multiple, extra_cost=self.extra_cost,
+                                          max_sequences=documents_per_row(self.max_sequences))
         return self._epoch_data
 
     def __len__(self) -> int:
@@ -292,7 +299,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         return {"capacity": self.capacity, "world_size": self.world_size, "num_samples": len(self.lengths),
                 "lengths_digest": self._lengths_digest, "algorithm": self.algorithm, "cost": self._cost_tag,
                 "overlong": self.overlong, "shuffle": self.shuffle, "drop_last": self.drop_last,
-                "rows_per_step": self.rows_per_step, "context_parallel": cp,
+                "rows_per_step": self.rows_per_step, "context_parallel": cp, "max_sequences": self.max_sequences,
                 "extra_cost": None if self.extra_cost is None else
                 hashlib.blake2b(self.extra_cost.tobytes(), digest_size=16).hexdigest()}
 
@@ -317,7 +324,7 @@ class PackedBatchSampler(Sampler[list[int]]):
 
         Raises ValueError if the state was saved with a different configuration (capacity,
         world_size, lengths, algorithm, cost, overlong, shuffle, drop_last, rows_per_step, context_parallel
-        size and mode, extra_cost, seed). A callable ``cost`` is compared by its values on this dataset's lengths.
+        size and mode, extra_cost, max_sequences, seed). A callable ``cost`` is compared by its values on this dataset's lengths.
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
@@ -333,6 +340,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         theirs.setdefault("rows_per_step", 1)  # states saved before rows_per_step existed
         theirs.setdefault("context_parallel", None)  # ... and before context_parallel did
         theirs.setdefault("extra_cost", None)  # ... and before extra_cost did
+        theirs.setdefault("max_sequences", None)  # ... and before max_sequences did
         if isinstance(theirs["context_parallel"], tuple):  # a state kept in memory rather than serialised
             theirs["context_parallel"] = list(theirs["context_parallel"])
         diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]}

@@ -43,7 +43,7 @@ def epoch_time(plan: Plan, world_size: int, rows_per_step: int) -> float:
 
 
 def fewest_steps_plan(lengths: np.ndarray, capacity: int, *, algorithm: str, world_size: int, rows_per_step: int,
-                      cost, overlong: str, pad_to_multiple_of=None, extra_cost=None) -> Plan:
+                      cost, overlong: str, pad_to_multiple_of=None, extra_cost=None, max_sequences=None) -> Plan:
     """The epoch's rows, ``world_size * rows_per_step`` per step.
 
     ogbfd balances every step by filling all of its rows, which sometimes costs one step more than a plain
@@ -53,7 +53,8 @@ def fewest_steps_plan(lengths: np.ndarray, capacity: int, *, algorithm: str, wor
     the sum of its rows either way; with several ranks, when the fewer steps outweigh the looser balance.
     """
     per_step = world_size * rows_per_step
-    common = dict(cost=cost, overlong=overlong, pad_to_multiple_of=pad_to_multiple_of, extra_cost=extra_cost)
+    common = dict(cost=cost, overlong=overlong, pad_to_multiple_of=pad_to_multiple_of, extra_cost=extra_cost,
+                  max_sequences=max_sequences)
     plan = make_plan(lengths, capacity, algorithm=algorithm, dp_size=per_step, **common)
     if algorithm != "ogbfd" or per_step == 1:
         return plan
@@ -68,19 +69,20 @@ def fewest_steps_plan(lengths: np.ndarray, capacity: int, *, algorithm: str, wor
 
 def plan_epoch(lengths: np.ndarray, capacity: int, *, epoch: int, seed: int, shuffle: bool, drop_last: bool,
                algorithm: str, cost, overlong: str, world_size: int, rows_per_step: int,
-               pad_to_multiple_of=None, extra_cost=None) -> EpochPlan:
+               pad_to_multiple_of=None, extra_cost=None, max_sequences=None) -> EpochPlan:
     """The epoch's plan: a seeded permutation of the dataset, planned with ``world_size * rows_per_step``
     rows per step, its steps shuffled (the incomplete last one kept last, or dropped with ``drop_last``).
 
     ``shuffle=False``: dataset order, and the steps in the dataset order of their longest sample
     (:mod:`packkit.planning.step_order`), not the planner's (which runs from the longest samples to the shortest).
-    ``extra_cost``: per-sample costs in dataset order (``packkit.plan``'s), permuted with the lengths."""
+    ``extra_cost``: per-sample costs in dataset order (``packkit.plan``'s), permuted with the lengths.
+    ``max_sequences``: samples per row (the planner's bin constraint)."""
     n = len(lengths)
     rng = np.random.default_rng((seed, epoch))
     permutation = rng.permutation(n).astype(np.int64) if shuffle else np.arange(n, dtype=np.int64)
     plan = fewest_steps_plan(lengths[permutation], capacity, algorithm=algorithm, world_size=world_size,
                              rows_per_step=rows_per_step, cost=cost, overlong=overlong,
-                             pad_to_multiple_of=pad_to_multiple_of,
+                             pad_to_multiple_of=pad_to_multiple_of, max_sequences=max_sequences,
                              extra_cost=None if extra_cost is None else extra_cost[permutation])
     if not np.isfinite(plan.rank_costs).all():  # finite item costs can still overflow when a row sums them
         raise ValueError("the cost model's row costs overflow float64 (each item's cost is finite, their sum per "
