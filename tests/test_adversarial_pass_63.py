@@ -80,10 +80,15 @@ def _caller(kind):
                                     rank_speed=[1, 2])
     if kind == "simulate":
         return lambda: simulate_passes([10, 20], [(range(1), [0, 1])], 1, cost=_writer)
+    if kind == "tree":
+        from packkit.shared_prefix import groups_forest, tree_costs
+
+        forest = groups_forest([[1, 2, 3], [4, 5]], [[[6, 7], [8]], [[9, 9, 9]]])
+        return lambda: tree_costs(forest, cost=_writer)
     return lambda: PackkitCPScheduler(100, _Size(2), cost=_writer).get_groups_and_subsamples([(0, 50), (1, 60)])
 
 
-@pytest.mark.parametrize("kind", ["cp", "cp_barrier", "plan", "hetero", "simulate", "megatron"])
+@pytest.mark.parametrize("kind", ["cp", "cp_barrier", "plan", "hetero", "simulate", "megatron", "tree"])
 def test_a_cost_callback_cannot_write_into_the_lengths(kind):
     with pytest.raises(ValueError, match="cost callable wrote into its lengths"):
         _caller(kind)()

@@ -185,3 +185,17 @@ def callback_costs(values, n: int, name: str, item: str = "sequence") -> np.ndar
         raise ValueError(f"{name} returned costs that sum to inf (the largest is {values.max():.3g}): the balance "
                          "would be NaN; scale the costs down")
     return values
+
+
+def read_only_call(fn, lengths: np.ndarray, name: str = "cost callable"):
+    """``fn(lengths)`` with ``lengths`` handed over as a read-only view, so a callback cannot change packkit's own
+    array (and the plan made from it); a write is a ValueError naming ``name``."""
+    view = np.asarray(lengths).view()
+    view.flags.writeable = False
+    try:
+        return fn(view)
+    except ValueError as exc:
+        if "read-only" not in str(exc):
+            raise
+        raise ValueError(f"{name} wrote into its lengths argument (packkit's own array, handed over read-only: "
+                         f"{exc}); compute the costs into a new array, e.g. lengths * 2.0 or lengths.copy()") from None

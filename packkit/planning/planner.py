@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Union
 import numpy as np
 
 from .. import _planner
-from .arg_rules import MAX_INT, Int, check_args
+from .arg_rules import MAX_INT, Int, check_args, read_only_call
 from .balance_bound import step_balance_lower_bound
 from .float_plan import FLOAT_ALGORITHMS, float_plan, float_sizes, integer_requirement, is_float_capacity
 from .hetero_ranks import check_hetero, is_per_rank, rank_capacities, rank_speeds
@@ -362,16 +362,7 @@ def _cost_model(cost: CostSpec):
             return (*cost, None)
     if callable(cost):  # a DocumentCost of transformer_cost too
         def item_costs(item_lengths: np.ndarray) -> np.ndarray:
-            view = np.asarray(item_lengths).view()
-            view.flags.writeable = False  # the callback sees packkit's lengths, read-only: a write cannot move a plan
-            try:
-                values = cost(view)
-            except ValueError as exc:
-                if "read-only" not in str(exc):
-                    raise
-                raise ValueError("cost callable wrote into its lengths argument (packkit's own array, handed over "
-                                 f"read-only: {exc}); compute the costs into a new array, e.g. lengths * 2.0 or "
-                                 "lengths.copy()") from None
+            values = read_only_call(cost, item_lengths)  # a write cannot move a plan
             torch = sys.modules.get("torch")
             if torch is not None and isinstance(values, torch.Tensor):
                 _refuse_meta(values, "cost")

@@ -19,7 +19,7 @@ import numpy as np
 from ..planning.planner import Plan, _as_count, _cost_model, plan as make_plan
 from .checks import check_allocation, check_cost, check_forest, check_overlong, check_plan_args
 from .tree import PrefixForest
-from ..planning.arg_rules import callback_costs
+from ..planning.arg_rules import callback_costs, read_only_call
 
 
 class SplitReport(NamedTuple):
@@ -62,7 +62,7 @@ def _call_cost(cost, lengths: np.ndarray) -> np.ndarray:
     """``cost(lengths)`` under the one callback rule (``planning.arg_rules.callback_costs``): real, finite, >= 0, one
     per length (a complex or string return was cast by ``np.asarray(..., float64)``, losing or inventing values)."""
     try:
-        values = cost(lengths)
+        values = read_only_call(cost, lengths)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"cost callable must map an int64 array of lengths to real costs ({exc})") from None
     return callback_costs(values, len(lengths), "the cost callable", "length")
