@@ -19,10 +19,11 @@ from ...packing.fields import check_pad_values, check_policy
 from ...packing.multimodal import mrope_spec
 from ...packing.multimodal.mrope import check_mrope_start
 from ...packing.sequences import check_layout
+from ...packing.static_shapes import check_max_sequences
 from ...planning import step_order
 from ...planning.planner import _as_count, check_plan_choices, plan as make_plan
 from .examples import example_pieces
-from .items import item_of, items_of
+from .items import item_of, items_of, pieces_per_row
 from .source import SourceReader, shard_of
 from .state import STAT_KEYS, Progress, checked_state
 
@@ -72,6 +73,13 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             CP group must read the same examples: ``rank``/``world_size`` are data-parallel; taken from
             ``torch.distributed`` they are ``global rank // cp_size`` and ``world size // cp_size`` (CP
             groups of consecutive ranks). Not with ``mrope``.
+        max_sequences: the static-shape contract (docs/packing.md "Static shapes"): every item has N sequence
+            slots per row, ``cu_seq_lens_q/k`` ``rows * N + 1`` long as :func:`packkit.pack_sequences` gives them
+            (unused slots repeat the last offset). Rows are planned with at most ``N - 1`` pieces in the padded
+            layout (a row's padding takes a slot), ``N // rows_per_item`` in the flat one (an item's rows share
+            its N slots; N must be >= rows_per_item). Never truncated: an item that does not fit (rows planned
+            under a larger N before a resume) is refused by name. Not with ``context_parallel`` (pass
+            ``max_sequences`` to :func:`packkit.pack_context_parallel`).
 
     Each item is ``packkit.pack_sequences(...)``'s dict for its rows (HF keys ``input_ids, labels,
     position_ids, seq_idx, cu_seq_lens_q/k, max_length_q/k``), so use ``DataLoader(ds, batch_size=None)``.
@@ -85,7 +93,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                  carry_threshold: float = 0.99, max_carry: Optional[int] = None, max_carries: int = 8,
                  return_example_ids: bool = False, shuffle: bool = True, seed: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None, pad_values: Optional[dict] = None,
-                 extra_fields: str = "error", mrope=None, context_parallel=None):
+                 extra_fields: str = "error", mrope=None, context_parallel=None, max_sequences=None):
         super().__init__()
         if isinstance(source, (str, bytes, Mapping)) or not (callable(source) or hasattr(source, "__iter__")
                                                             or hasattr(source, "__getitem__")):
@@ -147,6 +155,8 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             if mrope is not None:
                 raise ValueError("context_parallel= does not support mrope=")
             check_cp_capacity(self._cp_multiple, self.capacity)
+        self.max_sequences = check_max_sequences(max_sequences)
+        self._per_row = pieces_per_row(self.max_sequences, self.layout, self.rows_per_item, self.context_parallel)
         self._epoch = 0
         self._loaded: Optional[dict] = None  # a state to resume from at the next __iter__
         self._progress: Optional[Progress] = None  # the running (or last) pass
@@ -272,7 +282,8 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                 break
             ages = progress.carry_ages + [0] * (len(pool) - len(progress.carry_ages))  # times carried so far
             lengths = np.fromiter((len(p[2]) for p in pool), np.int64, len(pool))
-            planned = make_plan(lengths, capacity, algorithm=self.algorithm, pad_to_multiple_of=self._cp_multiple)
+            planned = make_plan(lengths, capacity, algorithm=self.algorithm, pad_to_multiple_of=self._cp_multiple,
+                                max_sequences=self._per_row)
             bins = planned.bins
             keep = np.ones(len(bins), bool)
             if not exhausted and self.max_carry and self.max_carries and self.carry_threshold > 0:

@@ -12,7 +12,24 @@ import torch
 from ...context_parallel import pack_context_parallel, shard_context_parallel
 from ...context_parallel.shard import CP_OUTPUT_KEYS
 from ...packing.sequences import pack_sequences
+from ...packing.static_shapes import documents_per_row
 from ...planning.planner import Plan
+
+
+def pieces_per_row(max_sequences: Optional[int], layout: str, rows_per_item: Optional[int], context_parallel):
+    """The planner's pieces-per-row limit under ``max_sequences`` N slots per item row (None: no limit)."""
+    if max_sequences is None:
+        return None
+    if context_parallel is not None:
+        raise ValueError("max_sequences= with context_parallel=: pass max_sequences to pack_context_parallel "
+                         "(N slots per rank shard)")
+    if layout == "padded":
+        return documents_per_row(max_sequences)  # a row's padding takes a slot
+    k = rows_per_item or 1  # flat: the item's k rows, no padding, share its N slots
+    if max_sequences < k:
+        raise ValueError(f"max_sequences={max_sequences} is below rows_per_item={k}: in the flat layout an item's "
+                         "rows share its N slots, one piece per row at least")
+    return max_sequences // k
 
 
 def pack_rows(ds, rows: list, num_rows: Optional[int]) -> dict:
@@ -41,7 +58,7 @@ def pack_rows(ds, rows: list, num_rows: Optional[int]) -> dict:
                                                   ds.capacity, algorithm=ds.algorithm),
                 layout=ds.layout, num_rows=num_rows if padded else None, row_len=ds.capacity if padded else None,
                 pad_token_id=ds.pad_token_id, ignore_index=ds.ignore_index, mask_first_label=ds.mask_first_label,
-                position_ids_start=ds.position_ids_start)
+                position_ids_start=ds.position_ids_start, max_sequences=ds.max_sequences)
     cp = ds.context_parallel
     if cp is not None and not fields:
         return pack_context_parallel(ids, *cp, lengths=lengths, **args)
@@ -76,9 +93,11 @@ def items_of(ds, rows: list) -> list:
     """
     k = ds.rows_per_item or 1
     cap = ds.capacity
-    if ds.mrope is not None or ds.context_parallel is not None or any(p[4] for row in rows for p in row):
+    if ds.mrope is not None or ds.context_parallel is not None or ds.max_sequences is not None \
+            or any(p[4] for row in rows for p in row):
         # Extra fields (vision tensors, [4, B, L] positions): one pack per item, no slicing to get wrong.
-        # Context parallelism: one fused cp_shard launch per item, straight from its pieces.
+        # Context parallelism: one fused cp_shard launch per item, straight from its pieces. max_sequences: each
+        # item's cu_seq_lens has its own fixed slots (pack_sequences pads them).
         return [item_of(ds, rows[j * k:(j + 1) * k]) for j in range(len(rows) // k)]
     batch = pack_rows(ds, rows, None)
     piece_len = [[len(p[2]) for p in row] for row in rows]
