@@ -81,6 +81,11 @@ class PackkitDataLoader(ParallelAwareDataloader):
         """Set it to ``parallelism.context_parallel_degree``: above 1 each row's documents are ordered so
         torchtitan's head-tail CP shards of the row get even attention work (it shards rows itself)."""
 
+        max_sequences: int | None = None
+        """At most N sequences per row, the padding run included (docs/packing.md "Static shapes"): packkit's name
+        for torchtitan's ``max_packed_sequences_per_sample`` (set both to the same N). Rows are planned with at
+        most N - 1 documents; None: no limit."""
+
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer=None, seq_len: int,
                  local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs):
         if kwargs:
@@ -94,7 +99,8 @@ class PackkitDataLoader(ParallelAwareDataloader):
             dp_world_size=dp_world_size, tokenizer=tokenizer, input_key=config.input_key, text_key=config.text_key,
             buffer_size=config.buffer_size, cost=config.cost, overlong=config.overlong, infinite=config.infinite,
             carry_threshold=config.carry_threshold, max_carries=config.max_carries, shuffle=config.shuffle,
-            seed=config.seed, pad_token_id=config.pad_token_id, cp_degree=config.context_parallel_degree)
+            seed=config.seed, pad_token_id=config.pad_token_id, cp_degree=config.context_parallel_degree,
+            max_sequences=config.max_sequences)
         self.stream = stream
         # The stream yields whole [B, L] batches: batch_size=None.
         super().__init__(stream, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=None,

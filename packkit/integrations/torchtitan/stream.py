@@ -27,6 +27,7 @@ import torch
 import torch.utils.data
 
 from ...packing.checks import check_bool, check_fill, check_int, check_static_shape
+from ...packing.static_shapes import check_max_sequences, documents_per_row
 from ...planning import step_order
 from ...planning.cost_model import transformer_cost
 from ...planning.planner import plan as make_plan
@@ -68,6 +69,9 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
         pad_token_id, ignore_index: row padding (its own position run from 0, labels ``ignore_index``).
         cp_degree: torchtitan's ``context_parallel_degree``; above 1 each row's documents are ordered so its
             head-tail CP shards get even work (``cp_balance.py``); ``seq_len`` must be a multiple of ``2*cp``.
+        max_sequences: at most N sequences per row, its padding run included (the static-shape contract's slots;
+            torchtitan's ``max_packed_sequences_per_sample``): rows are planned with at most ``N - 1`` documents
+            (pieces), by the same balanced ogbfd plan. Part of the state's plan key.
 
     The first buffer it plans, dp rank 0 logs (INFO, this module's logger) ``packkit: first buffer N steps on R
     ranks, balance B, efficiency E; streaming, steps per epoch unknown up front``; the figures are also
@@ -78,7 +82,7 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
                  tokenizer=None, input_key: str = "input_ids", text_key: str = "text", buffer_size: int = 1024,
                  cost="tokens", overlong: str = "split", infinite: bool = False, carry_threshold: float = 0.9,
                  max_carries: int = 4, shuffle: bool = True, seed: int = 0,
-                 pad_token_id: int = 0, ignore_index: int = -100, cp_degree: int = 1):
+                 pad_token_id: int = 0, ignore_index: int = -100, cp_degree: int = 1, max_sequences=None):
         super().__init__()
         if isinstance(source, (str, bytes, dict)) or not (callable(source) or hasattr(source, "__iter__")):
             raise TypeError(f"source must be an iterable of documents or a callable returning one, got "
@@ -120,6 +124,8 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             cost = transformer_cost(cost)  # a transformers config: its (a, b), so the state can name it
         self.cost = cost
         self._token_work = token_work(cost) if self.cp_degree > 1 else None
+        self.max_sequences = check_max_sequences(max_sequences)
+        self._per_row = documents_per_row(self.max_sequences)  # a row's padding run is a sequence too
         make_plan([1], self.seq_len, algorithm="ogbfd", dp_size=self.dp_world_size * self.local_batch_size,
                   cost=cost)  # a bad cost fails here, named by the planner, not at the first step
         # What the plans depend on besides the geometry: a resume replans its buffer, so these must match.
@@ -127,6 +133,8 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
                           "cost": cost_tag(cost, np.arange(1, self.seq_len + 1)),
                           "carry_threshold": self.carry_threshold, "max_carries": self.max_carries,
                           "shuffle": self.shuffle, "seed": self.seed}
+        if self.max_sequences is not None:  # only when set: states saved before the option still resume
+            self._plan_key["max_sequences"] = self.max_sequences
         self._state = self._fresh_state(0)
         self.stats = dict.fromkeys(_STAT_KEYS, 0)  # of this process (not restored by a resume)
         self.first_buffer = None  # {"steps", "ranks", "balance", "efficiency"} of the first buffer this process planned
@@ -213,6 +221,9 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             ids[at:at + n], labels[at:at + n], pos[at:at + n] = w[:-1], w[1:], np.arange(n)
             at += n
         pos[at:] = np.arange(L - at)  # padding: one more "document" from position 0
+        if self.max_sequences is not None and len(pieces) + (at < L) > self.max_sequences:  # N=1: a short document
+            raise ValueError(f"a row holds {len(pieces)} documents{' and a padding run' if at < L else ''} but "
+                             f"max_sequences={self.max_sequences} (a row's padding is a sequence): raise max_sequences")
         self.stats["tokens"] += at
         return ids, labels, pos
 
@@ -301,7 +312,8 @@ class BalancedDocumentStream(torch.utils.data.IterableDataset):
             if not pool:
                 return
             lengths = np.fromiter((len(p[2]) - 1 for p in pool), np.int64, len(pool))
-            planned = make_plan(lengths, self.seq_len, algorithm="ogbfd", dp_size=per_step, cost=self.cost)
+            planned = make_plan(lengths, self.seq_len, algorithm="ogbfd", dp_size=per_step, cost=self.cost,
+                                max_sequences=self._per_row)
             bins = [sorted(b.tolist(), key=lambda i: (pool[i][0], pool[i][1])) for b in planned.bins]
             steps = [bins[s:s + per_step] for s in range(0, len(bins), per_step)]
             last = steps[-1]
