@@ -417,7 +417,7 @@ def unpack_sequences(packed: torch.Tensor, info: PackInfo, *, padded: bool = Fal
 
 
 def pack_on_device(input_ids: torch.Tensor, lengths: torch.Tensor, capacity: int, *, labels=None,
-                   algorithm: str = "obfd", overlong: str = "error", layout: str = "padded", **options):
+                   algorithm: str = "obfd", overlong: str = "error", layout: str = "padded", plan="host", **options):
     """Pack sequences that already live on the GPU (e.g. RL rollouts): flat ``input_ids`` + ``lengths``.
 
     Host synchronisations: exactly **one** — the device-to-host copy of ``lengths`` (``n`` int64s)
@@ -427,8 +427,25 @@ def pack_on_device(input_ids: torch.Tensor, lengths: torch.Tensor, capacity: int
 
     Returns ``(batch, info)`` like ``pack_sequences(..., return_info=True)``; use
     :func:`unpack_sequences` with ``info`` to bring per-token outputs (log-probs) back per sequence.
-    Other keyword options are those of :func:`pack_sequences`.
+    Other keyword options are those of :func:`pack_sequences` (``plan=`` a :class:`packkit.Plan` is passed on).
+
+    ``plan="device"``: zero synchronisations, under the fixed contract: lengths stay on the device, the rows are
+    planned there (:mod:`.device_plan`) and the batch is always ``[num_rows, capacity]`` with ``num_rows *
+    max_sequences + 1`` ``cu_seq_lens`` (both required); returns ``(batch, DevicePackInfo)``, whose ``unplaced``
+    (a device tensor) the caller checks at its own sync point; see :mod:`.device_pack`.
     """
+    if isinstance(plan, str) and plan == "device":
+        from .device_pack import device_pack
+
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1:
+            raise TypeError("input_ids must be a flat 1-D tensor of all sequences' tokens")
+        refuse_meta(input_ids, "input_ids")
+        return device_pack(input_ids, lengths, capacity, labels=labels, algorithm=algorithm, overlong=overlong,
+                           layout=layout, **options)
+    if plan is None or (isinstance(plan, str) and plan == "host"):
+        plan = None
+    elif not isinstance(plan, Plan):
+        raise ValueError(f"plan must be 'host', 'device' or a packkit.Plan, got {plan!r:.60}")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1:
         raise TypeError("input_ids must be a flat 1-D tensor of all sequences' tokens")
     refuse_meta(input_ids, "input_ids")
@@ -437,5 +454,5 @@ def pack_on_device(input_ids: torch.Tensor, lengths: torch.Tensor, capacity: int
         if lengths.dim() != 1 or lengths.dtype.is_floating_point:
             raise TypeError("lengths must be a 1-D integer tensor")
         lengths = lengths.to("cpu", torch.int64).numpy()  # the one synchronisation
-    return pack_sequences(input_ids, lengths, labels=labels, capacity=capacity, algorithm=algorithm,
+    return pack_sequences(input_ids, lengths, labels=labels, plan=plan, capacity=capacity, algorithm=algorithm,
                           overlong=overlong, layout=layout, return_info=True, **options)
