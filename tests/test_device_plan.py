@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import gpu_gate
 import packkit
 from packkit.packing.device_pack import host_plan, pack_bins
 from packkit.packing.device_plan import plan_bins
@@ -191,3 +192,22 @@ def test_host_path_is_still_the_default():
     ids, lens = _tokens([3, 4])
     batch, info = packkit.pack_on_device(ids, lens, 16)
     assert isinstance(info, packkit.PackInfo) and batch["cu_seq_lens_q"].tolist() == [0, 3, 7, 16]
+
+
+# --- on a GPU (the GPU session's tests step): no sync, the same batch as the CPU --------------------------------
+@gpu_gate.needs_cuda
+def test_cuda_device_path_never_synchronises_and_equals_the_cpu():
+    ids, lens = _tokens(list(np.random.default_rng(3).integers(1, 900, 200)))
+    opts = dict(num_rows=16, max_sequences=32)
+    want, want_info = packkit.pack_on_device(ids, lens, 8192, plan="device", **opts)
+    ids_d, lens_d = ids.cuda(), lens.cuda()
+    packkit.pack_on_device(ids_d, lens_d, 8192, plan="device", **opts)  # warm up (allocator, module loading)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising CUDA call raises
+    try:
+        got, info = packkit.pack_on_device(ids_d, lens_d, 8192, plan="device", **opts)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert int(info.unplaced) == 0 and torch.equal(info.bins.cpu(), want_info.bins)
+    for key, value in want.items():
+        assert torch.equal(got[key].cpu(), value) if isinstance(value, torch.Tensor) else got[key] == value, key

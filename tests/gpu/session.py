@@ -14,7 +14,8 @@ files beside it that the steps write as they run, so a call killed at its limit 
 4. ``tests``     tests/gpu and every CUDA / compiled-Triton case of the pack, out-variant, context-parallel (static
                  and per pass of a dynamic plan), tree-pack, shared-prefix and training-semantics tests:
                  pytest-xdist, a per-test timeout, failures listed by name
-5. ``bench``     benchmarks/bench_pack_gpu.py --quick (its rows go into the step's row)
+5. ``bench``     benchmarks/bench_pack_gpu.py --quick, then benchmarks/bench_device_plan.py --quick (planning from
+                 lengths on the device: ms and host syncs per call; both documents go into the step's row)
 6. ``prefix``    the shared-prefix training step (benchmarks/bench_shared_prefix.py, bf16) and packkit_varlen /
                  FlexAttention steps of a tiny Llama against per-sample references
 7. ``memcheck``  compute-sanitizer memcheck over tests/gpu/test_cuda_plan_safety.py, with what time is left
@@ -41,13 +42,13 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = ("install", "selfcheck", "diagnose", "tests", "bench", "prefix", "memcheck")
 LOG = {"install": "setup.log", "selfcheck": "setup.log", "diagnose": "diagnose.log", "tests": "tests.log",
        "bench": "bench.log", "prefix": "prefix.log", "memcheck": "memcheck.log"}  # six files at most
-CAP = {"install": 120, "selfcheck": 150, "bisect": 150, "tests": 210, "bench": 150, "prefix": 120}  # seconds; the rest: what is left
+CAP = {"install": 120, "selfcheck": 150, "bisect": 150, "tests": 210, "bench": 150, "device_plan": 60, "prefix": 120}  # seconds; the rest: what is left
 MIN_START = {"tests": 30, "bench": 25, "prefix": 20, "memcheck": 20}  # below this, the step is not started
 RESERVE_S = 5  # kept for writing the JSON after the last step
 MAX_LOG_BYTES = 15 << 20  # the device returns files up to 16 MiB
 DEVICE_TEST_FILES = ("tests/gpu", "tests/test_pack_ops.py", "tests/test_pack_out_ops.py", "tests/test_pack_sequences.py",
                      "tests/test_context_parallel.py", "tests/test_cp_fused.py", "tests/test_context_parallel_pass.py",
-                     "tests/test_tree_pack.py",
+                     "tests/test_tree_pack.py", "tests/test_device_plan.py",
                      "tests/test_shared_prefix_inputs.py", "tests/test_training_semantics.py")
 
 
@@ -235,8 +236,17 @@ class Session:
         status, secs = self.run("bench", cmd, CAP["bench"])
         doc = json.loads(out.read_text()) if out.exists() else {}
         rows = [r for r in doc.get("rows", []) if not r.get("skipped")]
-        self.outcome("bench", status, secs, f"{len(rows)} rows; failures: {len(doc.get('failures', []))}",
-                     benchmark=doc)
+        # Planning from lengths on the device (issue 62 part 5): plan + pack timed, host syncs counted (0 expected).
+        plan_out = self.work / "device_plan.json"
+        plan_out.unlink(missing_ok=True)
+        plan_cmd = [self.py, "benchmarks/bench_device_plan.py", "--quick", "--out", str(plan_out)] + (
+            [] if self.gpu else ["--cpu"])
+        plan_status, plan_secs = self.run("bench", plan_cmd, CAP["device_plan"])
+        plan_doc = json.loads(plan_out.read_text()) if plan_out.exists() else {}
+        self.outcome("bench", status if status != 0 else plan_status, secs + plan_secs,
+                     f"{len(rows)} rows; failures: {len(doc.get('failures', []))}; device plan: "
+                     f"{len(plan_doc.get('rows', []))} rows, failures: {len(plan_doc.get('failures', []))}",
+                     benchmark=doc, device_plan=plan_doc)
 
     def prefix(self) -> None:
         mode = ["--device", "cuda", "--dtype", "bf16"] if self.gpu else ["--quick"]
