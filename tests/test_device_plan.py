@@ -152,6 +152,34 @@ def test_control_the_detector_catches_each_host_read(monkeypatch, read):
             _device_path(lens, ids, inject=True)
 
 
+def _traced(fn, *args):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=False):
+        return torch.compile(fn, fullgraph=True, backend="eager", dynamic=False)(*args)
+
+
+def test_device_path_traces_as_one_graph():
+    """A second view: dynamo traces plan + pack whole (no graph break, no data-dependent branch or shape). Not a
+    detector of ``.item()`` on its own: torch 2.13 traces a bare ``.item()`` even with capture_scalar_outputs=False."""
+    ids, lens = _tokens([30, 5, 0, 64, 12, 70])
+
+    def path(ids, lens):
+        batch, _, _ = _device_path(lens, ids)
+        return batch["input_ids"], batch["labels"], batch["seq_idx"], batch["cu_seq_lens_q"]
+
+    for got, want in zip(_traced(path, ids, lens), path(ids, lens)):
+        assert torch.equal(got, want)
+
+    def branches(ids, lens):  # control: a data-dependent branch is refused under fullgraph
+        bins, unplaced = plan_bins(lens, 64, 6, 4)
+        return bins + 1 if unplaced > 0 else bins
+
+    with pytest.raises(Exception, match="(?i)data-dependent"):
+        _traced(branches, ids, lens)
+
+
 # --- (4) what does not fit, and bad input -----------------------------------------------------------------------
 def test_unplaced_is_reported_and_refused_on_the_cpu():
     ids, lens = _tokens([10, 10, 10, 99])

@@ -39,13 +39,15 @@ class DevicePackInfo(NamedTuple):
 
 def host_plan(info: DevicePackInfo, lengths) -> Plan:
     """The host :class:`packkit.Plan` of the device's rows (reads ``info.bins`` back: a sync, at the caller's point),
-    for :func:`packkit.unpack_sequences` via ``pack_sequences(plan=...)`` or for inspection."""
+    for :func:`packkit.unpack_sequences` via ``pack_sequences(plan=...)`` or for inspection. ValueError when some
+    document did not fit (``info.unplaced > 0``): a Plan covers every document with tokens."""
     bins = info.bins.cpu().numpy()
     lengths = np.asarray(lengths.cpu() if isinstance(lengths, torch.Tensor) else lengths, np.int64)
     rows = max(int(bins.max()) + 1 if len(bins) else 0, 1)
-    order = np.argsort(np.where(bins < 0, rows, bins), kind="stable")
-    groups = np.split(order, np.searchsorted(bins[order] if len(bins) else bins, np.arange(1, rows + 1)))
-    return Plan.from_bins(lengths, [g[bins[g] >= 0] for g in groups[:rows]], info.capacity)
+    key = np.where(bins < 0, rows, bins)  # unplaced last, dropped below
+    order = np.argsort(key, kind="stable")  # each row's documents in input order
+    groups = np.split(order, np.searchsorted(key[order], np.arange(1, rows + 1)))
+    return Plan.from_bins(lengths, groups[:rows], info.capacity)
 
 
 def pack_bins(input_ids, lengths, bins, labels, row_len, num_rows, max_sequences, pad_token_id=0,
