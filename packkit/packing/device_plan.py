@@ -25,21 +25,19 @@ def plan_bins(lengths: torch.Tensor, capacity: int, num_rows: int, max_sequences
     lens = lengths.to(torch.int64)
     order = torch.sort(lens, descending=True, stable=True).indices
     sorted_len = lens.index_select(0, order)
-    wanted = sorted_len > 0  # empty documents take no row (and no slot)
-    load = torch.zeros(num_rows, dtype=torch.int64, device=dev)
-    count = torch.zeros(num_rows, dtype=torch.int64, device=dev)
-    placed = torch.full((n,), -1, dtype=torch.int64, device=dev)
     no_room = capacity + 1  # a score above every real one: "does not fit anywhere"
-    for i in range(n):  # trip count = a shape; each step is a handful of [num_rows] ops
-        x = sorted_len[i]
-        new_load = load + x
-        fits = (new_load <= capacity) & (count + 1 + (new_load < capacity) <= max_sequences) & wanted[i]
-        room, row = torch.where(fits, capacity - new_load, no_room).min(0)  # best fit; lowest row on a tie
-        ok = room <= capacity
-        row = row.view(1)
-        load.index_add_(0, row, (x * ok).view(1))
-        count.index_add_(0, row, ok.to(torch.int64).view(1))
-        placed[i] = torch.where(ok, row[0], -1)
+    size = torch.where(sorted_len > 0, sorted_len, no_room)  # an empty document fits nowhere (takes no row or slot)
+    take = -torch.stack((size, torch.ones_like(size)), 1).unsqueeze(2)  # [n, 2, 1]: what a placement takes
+    left = torch.stack((torch.full((num_rows,), capacity, dtype=torch.int64, device=dev),  # room left per row
+                        torch.full((num_rows,), max_sequences, dtype=torch.int64, device=dev)))  # slots left
+    placed = torch.empty(n, dtype=torch.int64, device=dev)
+    for i in range(n):  # trip count = a shape; each step is ~12 small [num_rows] ops
+        room = left[0] - size[i]
+        fits = (room >= 0) & (left[1] >= 1 + (room > 0))  # a tail left in the row takes a slot of its own
+        best, row = torch.where(fits, room, no_room).min(0)  # best fit; lowest row on a tie
+        ok = best <= capacity
+        left.index_add_(1, row.view(1), take[i] * ok)
+        placed[i] = torch.where(ok, row, -1)
     bins = torch.empty_like(placed).scatter_(0, order, placed)
     unplaced = ((bins < 0) & (lens != 0)).sum()
     return bins, unplaced
