@@ -188,6 +188,19 @@ def pack_on_device_api() -> Api:
                lambda out, kw: check_tokens(out[0]["input_ids"], sources(), 0), skip=("labels",))
 
 
+def pack_on_device_plan_api() -> Api:
+    """plan="device" (issue 62 part 5): fixed num_rows / max_sequences (options, not drawn), the rest fuzzed."""
+    def base():
+        flat = torch.tensor([v for s in sources() for v in s])
+        return dict(input_ids=flat, lengths=torch.tensor(LENGTHS), capacity=CAPACITY, plan="device")
+
+    def call(**kw):
+        return packkit.pack_on_device(**kw, num_rows=len(LENGTHS), max_sequences=4)
+
+    return Api("packkit.pack_on_device plan=device", packkit.pack_on_device, base,
+               lambda out, kw: check_tokens(out[0]["input_ids"], sources(), 0), call=call, skip=("labels",))
+
+
 def register_more(reg: dict) -> None:
-    for api in logprob_apis() + rollout_group_apis() + [pack_on_device_api()]:
+    for api in logprob_apis() + rollout_group_apis() + [pack_on_device_api(), pack_on_device_plan_api()]:
         reg[api.name] = api
