@@ -206,6 +206,7 @@ def test_unplaced_is_reported_and_refused_on_the_cpu():
     (dict(num_rows=2, max_sequences=4, lengths=torch.tensor([3, 5])), ValueError, "lengths sum to 8 but input_ids has 7"),
     (dict(num_rows=2, max_sequences=4, lengths=torch.tensor([8, -1])), ValueError, r"lengths\[1\] is -1"),
     (dict(num_rows=2, max_sequences=4, plan="gpu"), ValueError, "plan must be 'host', 'device'"),
+    (dict(num_rows=2, max_sequences=4, lengths=torch.tensor([3, 4], device="meta")), ValueError, "lengths.*meta"),
 ])
 def test_bad_input_is_refused_by_name(kwargs, error, match):
     ids, lens = _tokens([3, 4])
@@ -239,3 +240,39 @@ def test_cuda_device_path_never_synchronises_and_equals_the_cpu():
     assert int(info.unplaced) == 0 and torch.equal(info.bins.cpu(), want_info.bins)
     for key, value in want.items():
         assert torch.equal(got[key].cpu(), value) if isinstance(value, torch.Tensor) else got[key] == value, key
+
+
+@gpu_gate.needs_cuda
+def test_cuda_device_path_replays_in_a_cuda_graph():
+    """Zero syncs is what lets a step capture planning + packing: the replay of new lengths (same shapes) equals a
+    fresh eager pack of them."""
+    rng = np.random.default_rng(4)
+    first, second = (list(rng.integers(1, 500, 64)) for _ in range(2))
+    total = max(sum(first), sum(second))
+    ids = torch.zeros(total, dtype=torch.int64, device="cuda")
+    lens = torch.zeros(64, dtype=torch.int64, device="cuda")
+    opts = dict(num_rows=8, max_sequences=16)
+
+    def load(lengths):
+        flat, ln = _tokens(lengths, seed=len(lengths))
+        ids.zero_()[:flat.shape[0]].copy_(flat)
+        lens.copy_(ln)
+        lens[-1] += total - flat.shape[0]  # the buffer's tail is the last document's (zeros): every token is one
+
+    load(first)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        packkit.pack_on_device(ids, lens, 4096, plan="device", **opts)  # warm up off the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, info = packkit.pack_on_device(ids, lens, 4096, plan="device", **opts)
+    load(second)
+    graph.replay()
+    torch.cuda.synchronize()
+    want, want_info = packkit.pack_on_device(ids.cpu(), lens.cpu(), 4096, plan="device", **opts)
+    assert torch.equal(info.bins.cpu(), want_info.bins)
+    for key, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(captured[key].cpu(), value), key

@@ -140,6 +140,9 @@ def check_device_args(input_ids, lengths, labels, capacity, options, algorithm, 
             or lengths.dtype.is_complex or lengths.dtype == torch.bool:
         raise TypeError("lengths must be a 1-D integer tensor (on the device, for plan='device')")
     refuse_meta(lengths, "lengths")
+    if lengths.device.type != "cpu" and lengths.device != input_ids.device:
+        raise ValueError(f"lengths are on {lengths.device} but input_ids on {input_ids.device}: pass lengths on "
+                         "input_ids' device (or the CPU, where every check is free)")
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
         raise TypeError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
     if labels is not None:
