@@ -8,6 +8,7 @@
 #include <map>
 #include <queue>
 #include <stdexcept>
+#include <tuple>
 
 #include "context_parallel_internal.hpp"
 
@@ -17,6 +18,33 @@ namespace cp_detail {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A scratch array of n values, all `init` (the state every builder leaves it in).
+template <typename T>
+std::vector<T>& ready(std::vector<T>& v, int64_t n, T init) {
+  if (static_cast<int64_t>(v.size()) != n) v.assign(static_cast<size_t>(n), init);
+  return v;
+}
+
+// One per pow2 level, sized like the level's blocks.
+template <typename T>
+std::vector<std::vector<T>>& ready_levels(std::vector<std::vector<T>>& v, const Ctx& x, T init) {
+  if (v.size() != x.level_cap.size()) {
+    v.clear();
+    for (const auto& lc : x.level_cap) v.emplace_back(lc.size(), init);
+  }
+  return v;
+}
+
+// Sets the aligned blocks of every level that [s, s + c) overlaps to f(old value).
+template <typename T, typename F>
+void for_blocks(std::vector<std::vector<T>>& levels, int64_t s, int64_t c, F f) {
+  for (size_t l = 0; l < levels.size(); ++l) {
+    auto& lv = levels[l];
+    const int64_t hi = std::min<int64_t>(static_cast<int64_t>(lv.size()) - 1, (s + c - 1) >> l);
+    for (int64_t j = s >> l; j <= hi; ++j) lv[j] = f(lv[j]);
+  }
+}
 
 // Passes under construction: the group, the tokens per rank, the summed t of its sequences.
 struct Passes {
@@ -68,7 +96,7 @@ CpPlan finish(const Ctx& x, const std::vector<int32_t>& chosen, Passes& ps, bool
     out.makespan = step_begin.back();
     out.num_steps = static_cast<int64_t>(step_len.size());
   } else {  // each pass starts when all its ranks are free
-    std::vector<double> free(static_cast<size_t>(x.W), 0.0);
+    auto& free = ready(x.scratch.free, x.W, 0.0);
     double makespan = 0.0;
     for (size_t p = 0; p < P; ++p) {
       double b = 0.0;
@@ -78,6 +106,8 @@ CpPlan finish(const Ctx& x, const std::vector<int32_t>& chosen, Passes& ps, bool
       for (int64_t r = ps.start[p]; r < ps.start[p] + ps.size[p]; ++r) free[r] = e;
       makespan = std::max(makespan, e);
     }
+    for (size_t p = 0; p < P; ++p)
+      std::fill(free.begin() + ps.start[p], free.begin() + ps.start[p] + ps.size[p], 0.0);
     out.makespan = makespan;
   }
   out.rank_start = std::move(ps.start);
@@ -107,24 +137,32 @@ CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
   const auto& caps = x.opts.caps;
   const auto& speed = x.opts.speed;
   Passes ps(x.n, O);
-  std::vector<double> free(static_cast<size_t>(x.W), 0.0);
-  std::vector<int64_t> last(static_cast<size_t>(x.W), -1);
+  Scratch& sc = x.scratch;
+  auto& free = ready(sc.free, x.W, 0.0);
+  auto& last = ready(sc.last, x.W, int64_t{-1});
+  auto& mark = ready(sc.mark, x.W, char{0});  // uniform ranks: written by some pass
   // pow2: the latest free time in each aligned block, per level (free times only grow, so a max suffices).
-  std::vector<std::vector<double>> level_free;
-  if (x.opts.pow2)
-    for (const auto& lc : x.level_cap) level_free.emplace_back(lc.size(), 0.0);
+  std::vector<std::vector<double>> no_levels;
+  auto& level_free = x.opts.pow2 ? ready_levels(sc.level_free, x, 0.0) : no_levels;
   auto occupy = [&](int64_t p, double end) {  // the pass's ranks are busy until `end`
     const int64_t s = ps.start[p], c = ps.size[p];
+    sc.ranges.emplace_back(s, c);
     for (int64_t r = s; r < s + c; ++r) {
       if (last[r] >= 0 && last[r] != p) ps.closed[last[r]] = 1;
       last[r] = p;
       free[r] = end;
+      mark[r] = 1;
     }
-    for (size_t l = 0; l < level_free.size(); ++l) {
-      auto& lf = level_free[l];
-      const int64_t hi = std::min<int64_t>(static_cast<int64_t>(lf.size()) - 1, (s + c - 1) >> l);
-      for (int64_t j = s >> l; j <= hi; ++j) lf[j] = std::max(lf[j], end);
+    for_blocks(level_free, s, c, [end](double v) { return std::max(v, end); });
+  };
+  auto reset = [&] {  // the scratch as it was found
+    for (const auto& [s, c] : sc.ranges) {
+      std::fill(free.begin() + s, free.begin() + s + c, 0.0);
+      std::fill(last.begin() + s, last.begin() + s + c, int64_t{-1});
+      std::fill(mark.begin() + s, mark.begin() + s + c, char{0});
+      for_blocks(level_free, s, c, [](double) { return 0.0; });
     }
+    sc.ranges.clear();
   };
   auto can_join = [&](int64_t p, int64_t s, int64_t c, int64_t tok) {
     return p >= 0 && !ps.closed[p] && ps.start[p] == s && ps.size[p] == c && tok <= ps.cap[p] - ps.tokens[p];
@@ -182,15 +220,40 @@ CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
   }
 
   // Narrow sequences (c = 1), longest first, onto the rank where each finishes first: one heap of free times
-  // per (speed, cap) class, each class's earliest rank a candidate.
-  std::map<std::pair<double, int64_t>, int> class_id;
-  std::vector<int> rank_class(static_cast<size_t>(x.W));
-  for (int64_t r = 0; r < x.W; ++r)
-    rank_class[r] = class_id.emplace(std::make_pair(speed[r], caps[r]), static_cast<int>(class_id.size()))
-                        .first->second;
+  // per (speed, cap) class, each class's earliest rank a candidate. Uniform ranks: one class, whose ranks no pass
+  // has touched (free at 0, taken in index order) come from `fresh` instead of a W-entry heap.
   using Entry = std::pair<double, int64_t>;
-  std::vector<std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>> heaps(class_id.size());
-  for (int64_t r = 0; r < x.W; ++r) heaps[rank_class[r]].emplace(free[r], r);
+  using Heap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
+  std::vector<Heap> heaps;
+  int64_t fresh = x.W;
+  if (x.uniform) {
+    heaps.resize(1);
+    for (const auto& [s, c] : sc.ranges)
+      for (int64_t r = s; r < s + c; ++r)
+        if (mark[r] == 1) heaps[0].emplace(free[r], r), mark[r] = 2;  // each touched rank once
+    fresh = 0;
+    while (fresh < x.W && mark[fresh]) ++fresh;
+  } else {
+    std::map<std::pair<double, int64_t>, int> class_id;
+    std::vector<int> rank_class(static_cast<size_t>(x.W));
+    for (int64_t r = 0; r < x.W; ++r)
+      rank_class[r] = class_id.emplace(std::make_pair(speed[r], caps[r]), static_cast<int>(class_id.size()))
+                          .first->second;
+    heaps.resize(class_id.size());
+    for (int64_t r = 0; r < x.W; ++r) heaps[rank_class[r]].emplace(free[r], r);
+  }
+  auto top = [&](size_t q) -> Entry {  // the class's earliest rank (uniform: a fresh one or the heap's)
+    if (fresh < x.W && (heaps[q].empty() || Entry(0.0, fresh) < heaps[q].top())) return {0.0, fresh};
+    return heaps[q].top();
+  };
+  auto pop = [&](size_t q, int64_t r) {
+    if (r == fresh && fresh < x.W) {
+      mark[fresh] = 2;
+      while (fresh < x.W && mark[fresh]) ++fresh;
+    } else {
+      heaps[q].pop();
+    }
+  };
   // Sequences without tokens or cost join any pass (at its group's size: 0 local tokens) and open none.
   int64_t any_pass = ps.start.empty() ? -1 : 0;
   for (int64_t i : narrow) {
@@ -203,27 +266,30 @@ CpPlan build_list(const Ctx& x, const std::vector<int32_t>& chosen, int order) {
     double best_fin = kInf;
     int best_q = -1;
     for (size_t q = 0; q < heaps.size(); ++q) {
-      const int64_t r = heaps[q].top().second;
+      const int64_t r = top(q).second;
       if (caps[r] < tok) continue;
       const double fin = free[r] + (can_join(last[r], r, 1, tok) ? 0.0 : O) + ti / speed[r];
       if (fin < best_fin) best_fin = fin, best_q = static_cast<int>(q);
     }
     if (best_q < 0) throw std::logic_error("plan_context_parallel: no rank holds a feasible sequence");
-    const int64_t r = heaps[best_q].top().second;
-    heaps[best_q].pop();
+    const int64_t r = top(best_q).second;
+    pop(best_q, r);
     const int64_t p = can_join(last[r], r, 1, tok) ? last[r] : ps.open(r, 1, caps[r], speed[r], free[r]);
     ps.add(p, i, tok, ti);
     occupy(p, ps.begin[p] + ps.duration(p));
+    mark[r] = 2;
     heaps[best_q].emplace(free[r], r);
     any_pass = p;
   }
+  reset();
   return finish(x, chosen, ps, false);
 }
 
 CpPlan steps_of_list(const Ctx& x, const CpPlan& list) {
   const int64_t W = x.W;
   const size_t P = list.rank_start.size();
-  std::vector<int64_t> next(static_cast<size_t>(W), 0), step(P);
+  auto& next = ready(x.scratch.next, W, int64_t{0});
+  std::vector<int64_t> step(P);
   int64_t S = 0;
   for (size_t p = 0; p < P; ++p) {
     const int64_t s0 = list.rank_start[p], c = list.group_size[p];
@@ -233,27 +299,25 @@ CpPlan steps_of_list(const Ctx& x, const CpPlan& list) {
     step[p] = s;
     S = std::max(S, s + 1);
   }
+  for (size_t p = 0; p < P; ++p)
+    std::fill(next.begin() + list.rank_start[p], next.begin() + list.rank_start[p] + list.group_size[p], 0);
   std::vector<size_t> order(P);
   for (size_t p = 0; p < P; ++p) order[p] = p;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return step[a] < step[b]; });
   Passes ps(x.n, x.opts.pass_overhead);
-  std::vector<int64_t> used(static_cast<size_t>(W), -1);
   size_t q = 0;
   for (int64_t s = 0; s < S; ++s) {
     for (; q < P && step[order[q]] == s; ++q) {
       const size_t p = order[q];
       const int64_t s0 = list.rank_start[p], c = list.group_size[p];
       if (list.offsets[p] == list.offsets[p + 1]) continue;  // the list's own empty passes: re-made below
-      int64_t cap = std::numeric_limits<int64_t>::max();
-      double sp = kInf;
-      for (int64_t r = s0; r < s0 + c; ++r) cap = std::min(cap, x.opts.caps[r]), sp = std::min(sp, x.opts.speed[r]);
+      const auto [cap, sp] = x.group(s0, c);
       const int64_t np = ps.open(s0, c, cap, sp, 0.0, s);
       for (int64_t k = list.offsets[p]; k < list.offsets[p + 1]; ++k) {
         const int64_t i = list.seqs[k];
         const int64_t tok = x.L[i] == 0 && x.C[i] == 0.0 ? 0 : cp_local_tokens(x.L[i], c);
         ps.add(np, i, tok, x.L[i] == 0 && x.C[i] == 0.0 ? 0.0 : x.t(i, c));
       }
-      for (int64_t r = s0; r < s0 + c; ++r) used[r] = s;
     }
   }
   return finish(x, {}, ps, true);  // idle ranks: add_idle_passes, for the plan that wins
@@ -310,17 +374,24 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order, 
   for (int64_t i = 0; i < x.n; ++i) all[i] = i;
   const bool fill_to_cap = (order & 2) != 0;
   std::vector<int64_t> remaining = sorted_items(x, chosen, std::move(all), (order & 1) ? 0 : 1), deferred;
-  std::vector<int64_t> owner(static_cast<size_t>(W));
-  std::vector<std::vector<int64_t>> level_used;  // pow2: ranks taken in each aligned block this step
-  if (x.opts.pow2)
-    for (const auto& lc : x.level_cap) level_used.emplace_back(lc.size(), 0);
+  Scratch& sc = x.scratch;
+  auto& owner = ready(sc.owner, W, int64_t{-1});
+  std::vector<std::vector<int64_t>> no_levels;
+  // pow2: ranks taken in each aligned block this step
+  auto& level_used = x.opts.pow2 ? ready_levels(sc.level_used, x, int64_t{0}) : no_levels;
+  auto reset = [&] {  // the groups taken this step, free again (the scratch as it was found)
+    for (const auto& [s, c] : sc.ranges) {
+      std::fill(owner.begin() + s, owner.begin() + s + c, int64_t{-1});
+      for_blocks(level_used, s, c, [](int64_t) { return int64_t{0}; });
+    }
+    sc.ranges.clear();
+  };
   using Entry = std::pair<double, int64_t>;  // (duration, pass): the least loaded group of a size first
   std::vector<std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>> open(x.sizes.size());
   int64_t step = 0;
   constexpr int64_t kOff = std::numeric_limits<int64_t>::max();  // owner of a rank left idle (off)
   while (!remaining.empty()) {
-    std::fill(owner.begin(), owner.end(), -1);
-    for (auto& lu : level_used) std::fill(lu.begin(), lu.end(), 0);
+    reset();
     int64_t off_ranks = 0;
     for (auto& h : open) h = {};
     std::vector<int64_t> level_ptr(level_used.size(), 0);
@@ -344,12 +415,9 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order, 
     }
     const int64_t first_pass = static_cast<int64_t>(ps.start.size());
     auto take = [&](int64_t s, int64_t c, int64_t p) {
+      sc.ranges.emplace_back(s, c);
       for (int64_t r = s; r < s + c; ++r) owner[r] = p;
-      for (size_t l = 0; l < level_used.size(); ++l) {
-        auto& lu = level_used[l];
-        const int64_t hi = std::min<int64_t>(static_cast<int64_t>(lu.size()) - 1, (s + c - 1) >> l);
-        for (int64_t j = s >> l; j <= hi; ++j) lu[j] += 1;
-      }
+      for_blocks(level_used, s, c, [](int64_t v) { return v + 1; });
     };
     // A free group of c ranks whose cap holds tok, or -1.
     auto find_block = [&](size_t k, int64_t c, int64_t tok) -> int64_t {
@@ -436,8 +504,7 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order, 
       const int64_t s = find_block(k, c, tok);
       double sp = kInf;
       int64_t cap = std::numeric_limits<int64_t>::max();
-      if (s >= 0)
-        for (int64_t r = s; r < s + c; ++r) sp = std::min(sp, speed[r]), cap = std::min(cap, caps[r]);
+      if (s >= 0) std::tie(cap, sp) = x.group(s, c);
       if (s < 0 || cap < tok || (limit >= 0 && O + ti / sp > limit)) {
         if (try_wider(i, k)) {
           misses = 0;
@@ -457,6 +524,7 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order, 
     }
     // Every rank runs one pass per step: the idle ones an empty pass (a dummy micro-batch for the collectives).
     if (static_cast<int64_t>(ps.start.size()) == first_pass) {  // nothing placed (off ranks): no plan
+      reset();
       CpPlan none;
       none.makespan = kInf;
       return none;
@@ -467,6 +535,7 @@ CpPlan build_steps(const Ctx& x, const std::vector<int32_t>& chosen, int order, 
     deferred.clear();
     ++step;
   }
+  reset();
   return finish(x, chosen, ps, true);
 }
 

@@ -1,12 +1,27 @@
 // Shared between context_parallel_plan.cpp (sizes, bound, candidates) and context_parallel_build.cpp (builders).
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "context_parallel_plan.hpp"
 
 namespace packkit {
 namespace cp_detail {
+
+// Per-rank arrays the candidate builders share, allocated once per plan: a fresh W-long array per candidate
+// (and per step) cost more than the candidate itself on wide worlds (first touch of fresh memory; issue 63:
+// 2 sequences on 2^20 ranks). Between builders every array holds its initial value: a builder resets what it
+// wrote, over the rank ranges it recorded in `ranges` (so the reset costs what the writes cost).
+struct Scratch {
+  std::vector<double> free;                      // 0.0
+  std::vector<int64_t> last, owner;              // -1
+  std::vector<int64_t> next;                     // 0
+  std::vector<char> mark;                        // 0
+  std::vector<std::vector<double>> level_free;   // 0.0, per pow2 level and aligned block
+  std::vector<std::vector<int64_t>> level_used;  // 0
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // (first rank, count) written since the last reset
+};
 
 // The inputs plus what every candidate plan reuses: the allowed CP sizes and, per size, the largest cap and
 // speed a group of that size offers (pow2: per aligned block too, `level_*[log2 c][j]`).
@@ -26,8 +41,12 @@ struct Ctx {
   int64_t cap_max = 0;
   double speed_min = 1.0, speed_sum = 1.0;
   bool uniform = true;                  // one cap and one speed for all ranks
+  mutable Scratch scratch;              // builders run one at a time
 
   Ctx(const int64_t* lengths, const double* costs, int64_t n, const CpOptions& opts);
+  // The smallest cap and speed of ranks [s, s + c): O(1) on uniform ranks and aligned pow2 blocks (a pass over
+  // the whole world would otherwise cost W per candidate), a scan over any-size blocks of mixed ranks.
+  std::pair<int64_t, double> group(int64_t s, int64_t c) const;
   double t(int64_t i, int64_t c) const;                    // seconds of sequence i on c ranks at speed 1
   bool fits(int64_t i, size_t k) const;                    // some group of size sizes[k] holds it
   double best_pass_time(int64_t i, size_t k) const;        // alone in a pass on the fastest such group

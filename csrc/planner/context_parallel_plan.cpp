@@ -42,6 +42,19 @@ std::vector<T> best_window_min(const std::vector<T>& v) {
 
 }  // namespace
 
+std::pair<int64_t, double> Ctx::group(int64_t s, int64_t c) const {
+  if (uniform) return {opts.caps[0], opts.speed[0]};
+  if (opts.pow2 && c > 0 && (c & (c - 1)) == 0 && s % c == 0) {
+    int64_t l = 0;
+    while ((int64_t{1} << l) < c) ++l;
+    return {level_cap[l][s >> l], level_speed[l][s >> l]};
+  }
+  int64_t cap = std::numeric_limits<int64_t>::max();
+  double sp = std::numeric_limits<double>::infinity();
+  for (int64_t r = s; r < s + c; ++r) cap = std::min(cap, opts.caps[r]), sp = std::min(sp, opts.speed[r]);
+  return {cap, sp};
+}
+
 Ctx::Ctx(const int64_t* lengths, const double* costs, int64_t n_, const CpOptions& o)
     : L(lengths), C(costs), n(n_), opts(o), W(o.world) {
   // Allowed sizes and what the best group of each size offers (its smallest cap and slowest speed).

@@ -285,14 +285,18 @@ py::tuple forest_metrics(py::array_t<int64_t, py::array::c_style | py::array::fo
 // Dynamic CP plan (context_parallel_plan.hpp); inputs validated by packkit.planning.context_parallel.
 py::dict plan_context_parallel(py::array_t<int64_t, py::array::c_style | py::array::forcecast> lengths,
                                py::array_t<double, py::array::c_style | py::array::forcecast> costs, int64_t world,
-                               std::vector<int64_t> caps, std::vector<double> speed, double cp_comm,
+                               py::array_t<int64_t, py::array::c_style | py::array::forcecast> caps,
+                               py::array_t<double, py::array::c_style | py::array::forcecast> speed, double cp_comm,
                                double pass_overhead, bool pow2, int64_t min_cp, int64_t max_cp, bool pass_barrier) {
   if (lengths.ndim() != 1 || costs.ndim() != 1 || costs.shape(0) != lengths.shape(0))
     throw packkit::InvalidInput("plan_context_parallel: lengths and costs must be 1-D and of one size");
+  if (caps.ndim() != 1 || speed.ndim() != 1 || caps.shape(0) != world || speed.shape(0) != world)
+    throw packkit::InvalidInput("plan_context_parallel: caps and speed must be 1-D, one per rank");
   packkit::CpOptions opts;
   opts.world = world;
-  opts.caps = std::move(caps);
-  opts.speed = std::move(speed);
+  // Arrays, not lists: a per-rank Python list of 2^20 ranks cost more to convert than the plan (issue 63).
+  opts.caps.assign(caps.data(), caps.data() + world);
+  opts.speed.assign(speed.data(), speed.data() + world);
   opts.cp_comm = cp_comm;
   opts.pass_overhead = pass_overhead;
   opts.pow2 = pow2;

@@ -119,8 +119,9 @@ def plan_context_parallel(lengths, world_size, max_tokens_per_rank, *, cost="att
                          f"{float(speed[r])!r}; rank_speed must be > 0 and large enough that the work divided by it "
                          "fits float64 (e.g. relative speeds near 1)")
     raw = _planner.plan_context_parallel(lengths, np.ascontiguousarray(costs, dtype=np.float64), world,
-                                         caps.tolist(), speed.tolist(), cp_comm, pass_overhead, pow2, min_cp, max_cp,
-                                         barrier == "pass")
+                                         np.ascontiguousarray(caps, dtype=np.int64),
+                                         np.ascontiguousarray(speed, dtype=np.float64), cp_comm, pass_overhead, pow2,
+                                         min_cp, max_cp, barrier == "pass")
     return ContextParallelPlan(raw, lengths, costs, world, caps, speed, cp_comm, pass_overhead, barrier)
 
 
