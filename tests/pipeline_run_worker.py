@@ -1,6 +1,7 @@
 """One process of the gloo pipeline run (tests/test_pipeline_run.py; not run by pytest).
 
-usage: python pipeline_run_worker.py RANK WORLD_SIZE INIT_METHOD OUT   (schedule: env PACKKIT_PP_SCHEDULE)
+usage: python pipeline_run_worker.py RANK WORLD_SIZE INIT_METHOD OUT   (schedule: env PACKKIT_PP_SCHEDULE;
+PACKKIT_PP_FEED=batch-wide passes the PR 4098 form instead: one batch-wide cu_seqlens for the schedule to chunk)
 
 Every rank builds the same seed-0 fp64 Llama, keeps its stages (1f1b: one per rank; interleaved: two, stage i on
 rank i % world), packs the step's micro-batches from plan_pipeline and runs one ``schedule.step``. The step's
@@ -30,6 +31,14 @@ from pipeline_helpers import CAPACITY, LAYERS, LENGTHS, documents, tiny_llama  #
 MICROBATCHES = 8
 
 
+def batch_wide_cu_seqlens(batch) -> torch.Tensor:
+    """One 1-D cu_seqlens over all the step's tokens, micro-batches laid end to end (what torchtitan passed)."""
+    tokens, offsets = batch.input_ids.shape[1], [0]
+    for i, row in enumerate(batch.cu_seq_lens.tolist()):
+        offsets += [i * tokens + c for c, prev in zip(row[1:], row[:-1]) if c > prev]
+    return torch.tensor(offsets, dtype=torch.int32)
+
+
 def main() -> int:
     rank, world, init, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     schedule_name = os.environ.get("PACKKIT_PP_SCHEDULE", "1f1b")
@@ -56,7 +65,10 @@ def main() -> int:
     losses = []
     args = (batch.input_ids,) if first else ()
     target = batch.labels if last else None
-    schedule.step(*args, target=target, losses=losses if last else None, **batch.model_kwargs())
+    kwargs = batch.model_kwargs()
+    if os.environ.get("PACKKIT_PP_FEED") == "batch-wide":  # the PR 4098 form: the schedule chunks it along dim 0
+        kwargs["cu_seq_lens"] = batch_wide_cu_seqlens(batch)
+    schedule.step(*args, target=target, losses=losses if last else None, **kwargs)
     grads = {n: p.grad.detach().clone() for mod in modules for n, p in mod.named_full_parameters()
              if p.grad is not None}
     result = {"grads": grads, "params": [n for mod in modules for n, _ in mod.named_full_parameters()],

@@ -67,6 +67,18 @@ def run_stages(model, batch, stages, cu=None):
     return total, {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
+def test_the_schedule_refuses_the_batch_wide_form(tmp_path, monkeypatch):
+    """torchtitan PR 4098 through the real schedule: a batch-wide cu_seqlens passed to ``schedule.step`` is chunked
+    along dim 0 by torch, and the first stage refuses its chunk by name (its peer sees the connection close)."""
+    monkeypatch.setenv("PACKKIT_PP_SCHEDULE", "1f1b")
+    monkeypatch.setenv("PACKKIT_PP_FEED", "batch-wide")
+    codes, logs = run_gloo_workers("pipeline_run_worker.py", 2, tmp_path / "out", timeout=180)
+    assert codes[0] != 0 and codes[1] != 0 and "[timed out]" not in logs[1], logs[1][-2000:]
+    refusal = next(line for line in logs[0].splitlines() if "ValueError: cu_seq_lens" in line)
+    assert "starts at" in refusal and "pipeline_microbatches" in refusal and "4098" in refusal
+    assert not list(tmp_path.glob("out.rank*.pt"))  # no step completed
+
+
 def test_stages_in_one_process_equal_per_sample():
     """The same stage modules the gloo run wraps, run in order: packed == per-sample within the derived fp64
     tolerance; a control moving one boundary by a token is far outside it (the comparison can fail)."""
