@@ -10,7 +10,7 @@ lengths lognormal (median ``--median``, sigma 1.0), clipped to [8, ``--longest``
   ``pipeline_microbatches`` ((m, capacity) tokens, (m, N + 1) cu_seq_lens), attention ``packkit_varlen``
   (per-document on the CPU);
 - ``pad-to-longest``: the documents in input order, ``docs / m`` per micro-batch, every row padded to the step's
-  longest document (NeMo-RL-style padding; one shape per step because a PipelineStage sizes its buffers once),
+  longest document (NeMo-RL-style padding; one shape per step: schedule.step chunks whole-batch tensors),
   attention SDPA, causal (right padding is never seen by a real token; its labels are ignored).
 
 ``--warmup`` steps are discarded, then ``--repeats`` steps are timed (barrier, step, barrier, on rank 0); the

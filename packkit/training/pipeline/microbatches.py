@@ -5,8 +5,8 @@ The schedule chunks every tensor passed to ``schedule.step`` along dim 0 into ``
 micro-batch is packed on its own (positions reset per document, ``cu_seq_lens`` from 0 to its own token count,
 ``seq_idx``) to one static shape (``row_len`` tokens, ``max_sequences`` slots: the static-shape contract of
 docs/packing.md), and the micro-batches are stacked: ``(m, T)`` tokens, ``(m, N + 1)`` ``cu_seq_lens``. Chunk ``i``
-of every tensor is then micro-batch ``i`` exactly, on every stage, and every stage gets the same static shapes
-(the pipeline's receive buffers are sized once)."""
+of every tensor is then micro-batch ``i`` exactly, on every stage, and all micro-batches share one shape (the
+schedule chunks one whole-batch tensor; stages exchange activations of that shape)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
