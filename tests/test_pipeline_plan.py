@@ -94,3 +94,15 @@ def test_bad_arguments_named():
         packkit.plan_pipeline([5] * 8, 10, pp_size=2, virtual_stages=2)
     with pytest.raises(ValueError, match="p2p"):
         packkit.plan_pipeline([5, 5], 10, pp_size=1, p2p=-1.0)
+
+
+def test_an_outlier_rank_gets_lighter_rows_beside_it():
+    # Equal-cost rows dealt to ranks leave the outlier's rank a full share besides it (rank 0: [10] + [1, 1] = 12);
+    # dealing documents to ranks first gives it [10] + [1] (11) and the other rank the five others.
+    lengths = [10, 1, 1, 1, 1, 1, 1]
+    p = packkit.plan_pipeline(lengths, 100, pp_size=2, dp_size=2, num_microbatches=2)
+    rows_first = max(pp_simulate([[10], [1, 1]], pp_size=2).makespan, pp_simulate([[1, 1], [1, 1]], pp_size=2).makespan)
+    assert p.makespan < rows_first
+    assert sorted(d for rank in p.microbatches for row in rank for d in row) == list(range(7))
+    loads = sorted(sum(lengths[d] for row in rank for d in row) for rank in p.microbatches)
+    assert loads == [5, 11]
