@@ -10,6 +10,9 @@ What it installs (everything is validated before anything is patched, so a refus
   per-document forward on each mixer (``packkit.models.mixers``);
 - a forward pre-hook on the model that reads each call's boundaries (for the mixers) and refuses a packed call
   whose recurrent layers would not see them (restarting ``position_ids`` without ``cu_seq_lens_q`` / ``seq_idx``).
+
+``mixer="masked"`` (Mamba-2 only, ``packkit.models.masked_mixers``) installs instead a mixer that keeps the documents
+apart by masking on the device (no host read: a ``torch.compile(fullgraph=True)`` step holds).
 """
 from __future__ import annotations
 
@@ -21,11 +24,13 @@ import torch
 
 from .documents import spans_from_position_ids
 from .kernels import SPECS, stand_in
+from .masked_mixers import MASKED_MIXERS, install_masked_mixer
 from .mixers import install_mixer, remove_mixer
 from .support import PREPARE, REFUSE, UNVERIFIED, analyse, packing_support
 from .verdicts import PATHS, attention_path
 
 ATTR = "_packkit_prepared"
+MIXER_KINDS = ("per_document", "masked")
 _INSTALLED = {}  # (module name, attr) -> [original, stand-in, count]
 
 
@@ -33,6 +38,7 @@ _INSTALLED = {}  # (module name, attr) -> [original, stand-in, count]
 class Prepared:
     path: str
     model_type: str
+    mixer: str = "per_document"
     kernels: list = field(default_factory=list)  # (module, attr) keys of _INSTALLED this model counts in
     mixers: list = field(default_factory=list)
     hook: Optional[object] = None
@@ -60,13 +66,19 @@ def _pre_hook(state: Prepared, recurrent: bool):
     return hook
 
 
-def prepare_model(model: torch.nn.Module, path: Optional[str] = None) -> torch.nn.Module:
+def prepare_model(model: torch.nn.Module, path: Optional[str] = None, mixer: str = "per_document") -> torch.nn.Module:
     """Ready ``model`` (a transformers model) for packed batches on ``path`` (default: the path of its
     ``config._attn_implementation``; one of ``packkit.models.verdicts.PATHS``) and return it, or raise ValueError
-    naming the model type, the path and why it cannot be exact. Idempotent; :func:`unprepare_model` undoes it."""
+    naming the model type, the path and why it cannot be exact. Idempotent; :func:`unprepare_model` undoes it.
+
+    ``mixer``: ``"per_document"`` (default: recurrent mixers run once per document, boundaries read on the host) or
+    ``"masked"`` (Mamba-2 only: the documents kept apart by masks on the device, no host read, so a
+    ``torch.compile(fullgraph=True)`` step holds; O(length^2) per row, for short rows)."""
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"prepare_model expects a transformers model (torch.nn.Module with .config), got "
                         f"{type(model).__name__}")
+    if mixer not in MIXER_KINDS:
+        raise ValueError(f"prepare_model: mixer must be one of {', '.join(MIXER_KINDS)}, got {mixer!r}")
     if path is None:
         path = attention_path(getattr(model.config, "_attn_implementation", None))
     elif path not in PATHS:
@@ -75,8 +87,14 @@ def prepare_model(model: torch.nn.Module, path: Optional[str] = None) -> torch.n
     verdict = packing_support(model, path)
     if verdict.status == REFUSE:
         raise _refuse(info.model_type, path, verdict.why)
+    if mixer == "masked" and info.model_type not in MASKED_MIXERS:
+        raise _refuse(info.model_type, path, f"mixer='masked' exists for model type(s) {', '.join(MASKED_MIXERS)} "
+                                             "only (use the default mixer='per_document')")
     state = getattr(model, ATTR, None)
     if state is not None:  # prepared already: the patches do not depend on the path
+        if state.mixer != mixer:
+            raise ValueError(f"prepare_model: the model is prepared with mixer={state.mixer!r}; call "
+                             f"packkit.unprepare_model(model) before preparing it with mixer={mixer!r}")
         state.path = path
         return model
     if verdict.status == UNVERIFIED:
@@ -92,7 +110,9 @@ def prepare_model(model: torch.nn.Module, path: Optional[str] = None) -> torch.n
     mixer_modules = [m for m in model.modules() if type(m).__name__ in info.mixers]
     if info.mixers and not mixer_modules:
         raise _refuse(info.model_type, path, f"none of its modules is a {' / '.join(info.mixers)}")
-    state = Prepared(path, info.model_type)
+    if mixer == "masked":
+        mixer_modules = [m for m in model.modules() if type(m).__name__ in MASKED_MIXERS[info.model_type]]
+    state = Prepared(path, info.model_type, mixer)
     for kernel, replacement in kernels:
         key = (kernel.module.__name__, kernel.attr)
         entry = _INSTALLED.get(key)
@@ -102,7 +122,7 @@ def prepare_model(model: torch.nn.Module, path: Optional[str] = None) -> torch.n
         entry[2] += 1
         state.kernels.append((kernel.module, kernel.attr))
     for module in mixer_modules:
-        install_mixer(module, state)
+        (install_masked_mixer if mixer == "masked" else install_mixer)(module, state)
         state.mixers.append(module)
     # Kernel families read the boundaries from the call's keywords; the mixers also from position_ids.
     kernel_bounds = not info.mixers and any(k.name in SPECS for k in info.kernels)

@@ -1,0 +1,163 @@
+"""prepare_model(model, mixer="masked") (issue 62 part 3, the hybrid family): Mamba-2's mixer kept per document by
+device-side masks, no host read. Exact against each document run alone and against the per-document (host
+boundary) mixer, in fp64; its kernels against an independent sequential recurrence; controls show each check can
+fail (no seq_idx mask: different). The fullgraph compile of it is tests/test_masked_mixer_compile.py."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+import packkit  # noqa: E402
+from packkit.models.masked_mixers import masked_causal_conv1d, masked_ssd, seq_idx_of  # noqa: E402
+
+from model_zoo import fp64_everywhere, tiny_config  # noqa: E402
+
+pytestmark = [pytest.mark.core, pytest.mark.exactness]
+
+EPS = torch.finfo(torch.float64).eps
+LENGTHS = (5, 13, 2, 20, 9)  # chunks of 8 (tiny_config): documents shorter than, across and over a chunk
+_FP64 = pytest.MonkeyPatch()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    _FP64.undo()
+
+
+def _seq_idx(lengths, total):
+    ids = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+    return torch.cat([ids, torch.full((total - len(ids),), len(lengths))])[None]  # the padding tail: its own
+
+
+def _sequential_ssd(x, dt, A, B, C, D):
+    """The SSM recurrence one token at a time from a zero state: h = exp(dt A) h + dt B x^T, y = C h + D x."""
+    heads, groups = x.shape[2], B.shape[2]
+    B, C = (t.repeat_interleave(heads // groups, dim=2) for t in (B, C))
+    h = x.new_zeros(x.shape[0], heads, x.shape[3], B.shape[3])
+    out = []
+    for t in range(x.shape[1]):
+        h = torch.exp(dt[:, t] * A)[..., None, None] * h + (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None]
+        out.append(torch.einsum("bhpn,bhn->bhp", h, C[:, t]) + D[:, None] * x[:, t])
+    return torch.stack(out, dim=1)
+
+
+def test_kernels_against_each_document_alone():
+    """fp64: the masked SSD and conv1d on a packed row equal the sequential recurrence / F.conv1d of each document
+    alone. Tolerance: both sum at most 64 products of O(1) terms per output (the row's length), so each output's
+    rounding is within 64 * eps * its magnitude; 1e3 * 64 * eps leaves room for the exp / einsum orderings."""
+    g = torch.Generator().manual_seed(0)
+    total, h, p, n = 64, 3, 4, 5
+    seq = _seq_idx(LENGTHS, total)
+    x = torch.randn(1, total, h, p, generator=g, dtype=torch.float64)
+    dt = F.softplus(torch.randn(1, total, h, generator=g, dtype=torch.float64))
+    A, D = -torch.rand(h, generator=g, dtype=torch.float64) - 0.1, torch.randn(h, generator=g, dtype=torch.float64)
+    B, C = (torch.randn(1, total, 1, n, generator=g, dtype=torch.float64) for _ in range(2))
+    got = masked_ssd(x, dt, A, B, C, D, seq)
+    conv_x = torch.randn(1, 6, total, generator=g, dtype=torch.float64)
+    w, bias = torch.randn(6, 1, 4, generator=g, dtype=torch.float64), torch.randn(6, generator=g, dtype=torch.float64)
+    conv = masked_causal_conv1d(conv_x, w, bias, seq)
+    tol = 1e3 * total * EPS
+    start = 0
+    for n_doc in (*LENGTHS, total - sum(LENGTHS)):
+        s = slice(start, start + n_doc)
+        want = _sequential_ssd(x[:, s], dt[:, s], A, B[:, s], C[:, s], D)
+        assert torch.allclose(got[:, s], want, rtol=tol, atol=tol)
+        want_conv = F.conv1d(conv_x[..., s], w, bias, padding=3, groups=6)[..., :n_doc]
+        assert torch.allclose(conv[..., s], want_conv, rtol=tol, atol=tol)
+        start += n_doc
+    # control: without the documents (one per row) the scan and the conv run across them
+    whole = torch.zeros_like(seq)
+    assert not torch.allclose(masked_ssd(x, dt, A, B, C, D, whole), got, rtol=1e-3, atol=1e-3)
+    assert not torch.allclose(masked_causal_conv1d(conv_x, w, bias, whole), conv, rtol=1e-3, atol=1e-3)
+
+
+def test_seq_idx_from_every_boundary_form_is_the_same():
+    batch = packkit.PackingCollator(64, max_sequences=8)([{"input_ids": list(range(1, n + 1))} for n in LENGTHS])
+    want = batch["seq_idx"].long()
+    for key in ("cu_seq_lens_q", "position_ids"):
+        got = seq_idx_of({key: batch[key]}, 1, 64, "cpu", "test").long()
+        same = got[:, :, None] == got[:, None, :]
+        assert torch.equal(same, want[:, :, None] == want[:, None, :]), key
+    assert torch.equal(seq_idx_of({}, 2, 8, "cpu", "test"), torch.zeros(2, 8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="seq_idx must be"):
+        seq_idx_of({"seq_idx": want[:, :10]}, 1, 64, "cpu", "test")
+
+
+def _model():
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(tiny_config("mamba2"))
+    model = model.to(torch.float64).train()
+    fp64_everywhere(model, _FP64)  # transformers' fp32 casts (scan, gated norm, logits) made fp64
+    return model
+
+
+def _loss_and_grads(model, run):
+    model.zero_grad(set_to_none=True)
+    loss = run()
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+def test_packed_training_step_equals_each_document_alone_and_the_per_document_mixer():
+    """Loss and every gradient of a packed batch (contract form, padding tail, slots) on the masked mixer equal the
+    documents run alone (per-sample: token-weighted mean of their losses) and the per-document mixer's. Tolerance:
+    the same sums as above in another order (quadratic form vs transformers' chunked scan), through two layers."""
+    base = _model()
+    docs = [torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in LENGTHS]
+    batch = packkit.PackingCollator(64, max_sequences=8, max_length_buckets="pow2")([{"input_ids": d} for d in docs])
+    tokens = sum(n - 1 for n in LENGTHS)
+
+    def alone():
+        return sum(base(input_ids=torch.tensor([d]), labels=torch.tensor([d]), use_cache=False).loss * (len(d) - 1)
+                   for d in docs) / tokens
+
+    want = _loss_and_grads(base, alone)
+    masked = packkit.prepare_model(copy.deepcopy(base), mixer="masked")
+    got = _loss_and_grads(masked, lambda: masked(**batch, use_cache=False).loss)
+    host = packkit.prepare_model(copy.deepcopy(base))
+    other = _loss_and_grads(host, lambda: host(**batch, use_cache=False).loss)
+    tol = 1e3 * 64 * EPS
+    for ref in (want, other):
+        assert torch.allclose(got[0], ref[0], rtol=tol, atol=0)
+        for a, b in zip(got[1], ref[1]):
+            assert torch.allclose(a, b, rtol=tol, atol=tol)
+    # control: the same batch without its boundaries (one document a row) is not the per-sample loss
+    plain = {k: batch[k] for k in ("input_ids", "labels")}
+    with torch.no_grad():
+        assert abs(float(masked(**plain, use_cache=False).loss) - float(want[0])) > 1e-4
+
+
+def test_masked_mixer_arguments_are_checked_by_name():
+    base = _model()
+    with pytest.raises(ValueError, match="mixer must be one of"):
+        packkit.prepare_model(base, mixer="scan")
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2))
+    with pytest.raises(ValueError, match="mixer='masked' exists for model type"):
+        packkit.prepare_model(llama, mixer="masked")
+    model = packkit.prepare_model(copy.deepcopy(base), mixer="masked")
+    try:
+        with pytest.raises(ValueError, match="prepared with mixer='masked'"):
+            packkit.prepare_model(model)
+        assert packkit.prepare_model(model, mixer="masked") is model  # idempotent
+        mixer = model.backbone.layers[0].mixer
+        hidden = torch.zeros(1, 4, model.config.hidden_size, dtype=torch.float64)
+        with pytest.raises(ValueError, match="keyword.*no_such_option"):
+            mixer(hidden, no_such_option=1)
+        with pytest.raises(ValueError, match="cache is refused"):
+            mixer(hidden, cache=object())
+    finally:
+        packkit.unprepare_model(model)
+    assert "forward" not in vars(model.backbone.layers[0].mixer)
