@@ -10,7 +10,7 @@ from ._version import __version__
 from .planning import (ALGORITHMS, OVERLONG_POLICIES, PLAN_ERRORS, Plan, Segments, check_plan, plan, transformer_cost,
                        vision_cost)
 from .planning import ContextParallelPlan, plan_context_parallel  # dynamic CP: sizes, groups, order
-from .pipeline import plan_pipeline  # issue 61: packed micro-batches for every pipeline stage
+from .pipeline import PipelineStepPlanner, plan_pipeline  # issue 61: packed micro-batches for every pipeline stage
 from .packing import (LAYOUTS, PackBuffers, PackInfo, PackLayout, mrope_position_ids, ops, pack_layout, pack_on_device,
                       pack_sequences, unpack_sequences)
 from .models import packing_support, prepare_model, unprepare_model  # per-family verdicts, stand-ins

@@ -106,3 +106,13 @@ def test_an_outlier_rank_gets_lighter_rows_beside_it():
     assert sorted(d for rank in p.microbatches for row in rank for d in row) == list(range(7))
     loads = sorted(sum(lengths[d] for row in rank for d in row) for rank in p.microbatches)
     assert loads == [5, 11]
+
+
+def test_the_same_documents_give_the_same_plan():
+    # found by tests/test_pipeline_steps.py: a sort comparator that read an element the sort was moving
+    rng = np.random.default_rng(3)
+    steps = [rng.integers(1, 400, 64) for _ in range(6)]
+    first = [packkit.plan_pipeline(x, 4096, pp_size=2, dp_size=2, num_microbatches=4, cost=COST).microbatches
+             for x in steps]
+    assert first == [packkit.plan_pipeline(x.copy(), 4096, pp_size=2, dp_size=2, num_microbatches=4,
+                                           cost=COST).microbatches for x in steps]

@@ -175,10 +175,11 @@ bool ranks_first(const std::vector<int64_t>& by_cost, const int64_t* len, const 
       std::stable_sort(by_len.begin(), by_len.end(), [&](int64_t x, int64_t y) { return len[x] > len[y]; });
       if (!first_fit_rows(by_len, len, cost, m, capacity, part)) return false;
     }
+    const auto base = static_cast<int64_t>(out.rows.cost.size());
     std::vector<int64_t> ids(static_cast<size_t>(m));
-    std::iota(ids.begin(), ids.end(), static_cast<int64_t>(out.rows.cost.size()));
+    std::iota(ids.begin(), ids.end(), base);
     std::stable_sort(ids.begin(), ids.end(), [&](int64_t x, int64_t y) {
-      return part.cost[static_cast<size_t>(x - ids[0])] > part.cost[static_cast<size_t>(y - ids[0])];
+      return part.cost[static_cast<size_t>(x - base)] > part.cost[static_cast<size_t>(y - base)];
     });
     for (int64_t k = 0; k < m; ++k) {
       out.rows.docs.push_back(std::move(part.docs[static_cast<size_t>(k)]));

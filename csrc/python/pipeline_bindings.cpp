@@ -110,4 +110,7 @@ void bind_pipeline(py::module_& m) {
         py::arg("dp"), py::arg("num_microbatches"), py::arg("schedule"), py::arg("virtual_stages"),
         py::arg("microbatch_group"), py::arg("layer_weights"), py::arg("bwd_ratio"), py::arg("weight_fraction"),
         py::arg("p2p"), py::arg("order_rounds"));
+  m.def("valid_microbatches", [](const std::string& schedule, int64_t pp, int64_t v, int64_t group, int64_t at_least) {
+    return pl::valid_microbatches(pl::parse_schedule(schedule), pp, v, group, at_least);
+  }, py::arg("schedule"), py::arg("pp"), py::arg("virtual_stages"), py::arg("microbatch_group"), py::arg("at_least"));
 }
