@@ -18,6 +18,12 @@ does not depend on the backend, and inductor's C++ codegen would cost minutes pe
 losses are compared step by step with the exact feeding run eagerly (the same weights, the same SGD steps): the
 packed documents are the same, so the losses must be equal. Padded tokens added by the contract (the row padded to
 capacity) are reported per bucket set. Writes benchmarks/results/compile_cpu.json.
+
+``--family mamba2``: the hybrid family instead (a tiny random-init Mamba-2, the same batches). Its per-document
+mixer (``prepare_model(model)``) reads boundaries on the host, so it is compiled whole only with
+``prepare_model(model, mixer="masked")`` (device-side masks). Feedings: the contract on the masked mixer (compiled,
+``dynamic=False``), the contract on the per-document mixer (compiled: fullgraph fails at the first host read), and
+the exact-metadata feeding run eagerly on each mixer for the losses. Writes benchmarks/results/compile_mamba2_cpu.json.
 """
 from __future__ import annotations
 
@@ -46,6 +52,15 @@ def model_and_config():
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                                       use_cache=False, attn_implementation="sdpa")
     return transformers.LlamaForCausalLM(config)
+
+
+def mamba2_model():
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Mamba2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16,
+                                       expand=2, state_size=8, n_groups=1, chunk_size=64, use_cache=False)
+    return transformers.Mamba2ForCausalLM(config)
 
 
 def batches(steps: int, capacity: int, max_docs: int, seed: int = 1) -> list[list[list[int]]]:
@@ -96,10 +111,15 @@ def run(model, collate, data, *, compiled: bool, dynamic, lr: float = 0.05):
         padded += int(batch["input_ids"].numel())
         try:
             loss = step_fn(**batch, use_cache=False).loss
-        except dynamo.exc.FailOnRecompileLimitHit:  # fullgraph=True: past the limit dynamo fails, not falls back
+        except (dynamo.exc.FailOnRecompileLimitHit, dynamo.exc.TorchDynamoException) as error:
+            # fullgraph=True: past the recompile limit, or at a graph break (a host read), dynamo fails
+            graphs = graphs or [0]
+            failure = (f"recompile_limit ({dynamo.config.recompile_limit}) hit"
+                       if isinstance(error, dynamo.exc.FailOnRecompileLimitHit)
+                       else f"{type(error).__name__}: {str(error).splitlines()[0][:120]}")
             return dict(seconds=time.perf_counter() - start, losses=losses, compiles=graphs[-1],
                         after_warmup=graphs[-1] - graphs[min(49, len(graphs) - 1)], padding_fraction=1 - real / padded,
-                        failed_at_step=step, failure=f"recompile_limit ({dynamo.config.recompile_limit}) hit")
+                        failed_at_step=step, failure=failure)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -134,12 +154,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--capacity", type=int, default=512)
     parser.add_argument("--slots", type=int, default=16, help="max_sequences of the contract")
+    parser.add_argument("--family", choices=("llama", "mamba2"), default="llama")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dynamo.config.capture_scalar_outputs = False  # a host read inside the step is a graph break: fullgraph fails
     dynamo.config.recompile_limit = 64  # a baseline past it fails (fullgraph=True): reported, not raised
     torch.set_num_threads(1)
     data = batches(args.steps, args.capacity, args.slots - 1)  # a flat row's padding takes a slot
+    if args.family == "mamba2":
+        return main_mamba2(args, data)
     base = model_and_config()
     rows = []
     bucket_sets = {"pow2": "pow2", "[64, 128, 256, capacity]": [64, 128, 256, args.capacity]}
@@ -177,6 +200,36 @@ def main() -> None:
            "backend": "aot_eager", "loss_max_abs_diff_vs_exact_eager": loss_diff, "rows": rows,
            "contract_padding": padding}
     _results.write_results(doc, "compile_cpu.json", Path(args.out) if args.out else None, quick=args.steps < 1000)
+
+
+def main_mamba2(args, data) -> None:
+    base = mamba2_model()
+    masked = packkit.prepare_model(copy.deepcopy(base), mixer="masked")
+    per_doc = packkit.prepare_model(copy.deepcopy(base))
+    contract = packkit.PackingCollator(args.capacity, max_sequences=args.slots, max_length_buckets="pow2")
+    exact = packkit.PackingCollator(args.capacity, pad_to_multiple_of=args.capacity)  # same tokens, exact metadata
+    runs = {"contract, masked mixer": (masked, contract, True), "contract, per-document mixer": (per_doc, contract, True),
+            "exact metadata, masked mixer (eager)": (masked, exact, False),
+            "exact metadata, per-document mixer (eager)": (per_doc, exact, False)}
+    rows = {}
+    for name, (model, collate, compiled) in runs.items():
+        r = run(model, collate, data, compiled=compiled, dynamic=False)
+        r.update(feeding=name, compiled=compiled, dynamic="False" if compiled else "-")
+        rows[name] = r
+        print(f"{name:44s} compiles={r['compiles']:3d} after step 50={r['after_warmup']:3d} "
+              f"steps={len(r['losses'])} {r['seconds']:.1f} s {r.get('failure', '')}", flush=True)
+    got = rows["contract, masked mixer"]["losses"]
+    diffs = {f"vs {name}": max(abs(a - b) for a, b in zip(got, rows[name]["losses"]))
+             for name in ("exact metadata, masked mixer (eager)", "exact metadata, per-document mixer (eager)")}
+    for name, d in diffs.items():
+        print(f"loss: contract on the masked mixer (compiled) {name}, max |diff| over {args.steps} steps = {d:.3g}")
+    for r in rows.values():
+        r.pop("losses")
+    doc = {"machine": _results.machine_info(), "family": "mamba2", "steps": args.steps, "capacity": args.capacity,
+           "slots": args.slots, "backend": "aot_eager", "dtype": "float32", "loss_max_abs_diff": diffs,
+           "rows": list(rows.values())}
+    _results.write_results(doc, "compile_mamba2_cpu.json", Path(args.out) if args.out else None,
+                           quick=args.steps < 1000)
 
 
 if __name__ == "__main__":
