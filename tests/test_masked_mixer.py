@@ -110,33 +110,61 @@ def _loss_and_grads(model, run):
     return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
-def test_packed_training_step_equals_each_document_alone_and_the_per_document_mixer():
-    """Loss and every gradient of a packed batch (contract form, padding tail, slots) on the masked mixer equal the
-    documents run alone (per-sample: token-weighted mean of their losses) and the per-document mixer's. Tolerance:
-    the same sums as above in another order (quadratic form vs transformers' chunked scan), through two layers."""
+TOL = 1e3 * 64 * EPS  # the kernels' bound (above), reached through two layers and the loss
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The model, its documents and their per-sample loss and gradients (token-weighted mean of each alone)."""
     base = _model()
     docs = [torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in LENGTHS]
-    batch = packkit.PackingCollator(64, max_sequences=8, max_length_buckets="pow2")([{"input_ids": d} for d in docs])
     tokens = sum(n - 1 for n in LENGTHS)
 
     def alone():
         return sum(base(input_ids=torch.tensor([d]), labels=torch.tensor([d]), use_cache=False).loss * (len(d) - 1)
                    for d in docs) / tokens
 
-    want = _loss_and_grads(base, alone)
+    return base, docs, _loss_and_grads(base, alone)
+
+
+def _assert_close(got, want):
+    assert torch.allclose(got[0], want[0], rtol=TOL, atol=0)
+    for a, b in zip(got[1], want[1]):
+        assert torch.allclose(a, b, rtol=TOL, atol=TOL)
+
+
+def test_packed_training_step_equals_each_document_alone_and_the_per_document_mixer(reference):
+    """Loss and every gradient of a packed batch (contract form, padding tail, slots) on the masked mixer equal the
+    documents run alone and the per-document mixer's. Tolerance: the kernels' sums in another order (quadratic
+    form vs transformers' chunked scan, shifted taps vs F.conv1d), through two layers."""
+    base, docs, want = reference
+    batch = packkit.PackingCollator(64, max_sequences=8, max_length_buckets="pow2")([{"input_ids": d} for d in docs])
     masked = packkit.prepare_model(copy.deepcopy(base), mixer="masked")
     got = _loss_and_grads(masked, lambda: masked(**batch, use_cache=False).loss)
     host = packkit.prepare_model(copy.deepcopy(base))
-    other = _loss_and_grads(host, lambda: host(**batch, use_cache=False).loss)
-    tol = 1e3 * 64 * EPS
-    for ref in (want, other):
-        assert torch.allclose(got[0], ref[0], rtol=tol, atol=0)
-        for a, b in zip(got[1], ref[1]):
-            assert torch.allclose(a, b, rtol=tol, atol=tol)
+    _assert_close(got, want)
+    _assert_close(got, _loss_and_grads(host, lambda: host(**batch, use_cache=False).loss))
     # control: the same batch without its boundaries (one document a row) is not the per-sample loss
     plain = {k: batch[k] for k in ("input_ids", "labels")}
     with torch.no_grad():
         assert abs(float(masked(**plain, use_cache=False).loss) - float(want[0])) > 1e-4
+
+
+@pytest.mark.parametrize("form", ["padded rows", "cu_seq_lens_q only", "position_ids only"])
+def test_every_boundary_form_and_the_padded_layout_are_exact(reference, form):
+    """Documents in two padded rows (reordered by the planner; each row's tail a segment), or given to the mixer by
+    cu_seq_lens_q alone (searchsorted) or restarting position_ids alone: the same per-sample loss and gradients."""
+    base, docs, want = reference
+    features = [{"input_ids": d} for d in docs]
+    if form == "padded rows":
+        batch = packkit.PackingCollator(32, layout="padded", max_sequences=4, max_length_buckets="pow2")(features)
+        assert batch["input_ids"].shape[0] == 2
+    else:
+        batch = packkit.PackingCollator(64, max_sequences=8)(features)
+        keep = {"cu_seq_lens_q only": "cu_seq_lens_q", "position_ids only": "position_ids"}[form]
+        batch = {k: v for k, v in batch.items() if k in ("input_ids", "labels", keep)}
+    masked = packkit.prepare_model(copy.deepcopy(base), mixer="masked")
+    _assert_close(_loss_and_grads(masked, lambda: masked(**batch, use_cache=False).loss), want)
 
 
 def test_masked_mixer_arguments_are_checked_by_name():
