@@ -9,10 +9,18 @@ over the steps. Baselines (each given the same number of micro-batches m per DP 
 * packkit.plan(algorithm="ogbfd") rows (cost-balanced across DP), in data order per rank (its own count of rows
   per rank, one per step: the rows packkit fed a pipeline before plan_pipeline).
 
-Not in this run (issue 61 asks for them): verl's rearrange_micro_batches and a WLB-LLM outlier delay (not written
-in the time this session had).
+* verl's micro-batching (0.9.1, its own functions): DP ranks by ``get_seqlen_balanced_partitions`` (equal size) on
+  ``calculate_workload``, then per rank ``rearrange_micro_batches``' split (Karmarkar-Karp on the workloads into m
+  micro-batches, heaviest first); it does not check ``capacity`` per micro-batch (over-capacity rows are counted);
+* WLB-LLM-style (written from the OSDI'25 paper, no code published): documents over capacity / 4 wait in a queue (at
+  most one step) and leave it one per micro-batch; each step's rows balanced by cost (heaviest into the lightest row
+  with room), dealt to ranks the same way, in that order (no order search).
 
-    python benchmarks/bench_pipeline.py [--steps 200] [--quick]
+The spread section runs 1,000 consecutive steps of the MoE-RL-like workload (pp 2 x dp 8) for the step-time
+coefficient of variation: packkit without and with ``PipelineStepPlanner(max_delay=1)``, pad-to-longest MFFD, verl,
+WLB-LLM-style.
+
+    python benchmarks/bench_pipeline.py [--steps 100] [--spread-steps 1000] [--quick]
 """
 from __future__ import annotations
 
@@ -65,6 +73,64 @@ def ffd(lengths, capacity, k):
     return rows
 
 
+def lpt(items, cost, k, capacity=None, tokens=None):
+    """Heaviest first into the lightest of k bins (with room in tokens when capacity is given); None if stranded."""
+    bins, load, toks = [[] for _ in range(k)], [0.0] * k, [0] * k
+    for i in sorted(range(len(items)), key=lambda i: -cost[i]):
+        for j in sorted(range(k), key=lambda j: load[j]):
+            if capacity is None or toks[j] + tokens[i] <= capacity:
+                break
+        else:
+            return None
+        bins[j].append(items[i])
+        load[j] += cost[i]
+        toks[j] += tokens[i] if tokens is not None else 0
+    return bins
+
+
+def verl_step(lengths, pp, dp, m, capacity):
+    """verl 0.9.1's balancing, its own functions: DP partitions, then rearrange_micro_batches' split and order."""
+    import torch
+    from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
+
+    work = calculate_workload(torch.as_tensor(lengths)).tolist()
+    ranks = get_seqlen_balanced_partitions(work, dp, equal_size=True)
+    rank_rows, over = [], 0
+    for part in ranks:
+        w = [work[i] for i in part]
+        mbs = get_seqlen_balanced_partitions(w, m, equal_size=False)
+        mbs.sort(key=lambda p: sum(w[i] for i in p), reverse=True)  # use_dynamic_bsz_balance's order
+        rows = [[int(lengths[part[i]]) for i in p] for p in mbs]
+        over += sum(sum(r) > capacity for r in rows)
+        rank_rows.append(rows)
+    return step_time(rank_rows, pp), over
+
+
+class WLBStyle:
+    """Outlier delay and workload-balanced rows, as WLB-LLM describes them (see the module docstring)."""
+
+    def __init__(self, capacity, dp, m):
+        self.capacity, self.dp, self.m, self.queue = capacity, dp, m, []
+
+    def step(self, lengths, pp):
+        limit = self.capacity // 4
+        out = [x for x in self.queue]  # waited one step: released
+        self.queue = []
+        outliers = [int(x) for x in lengths if x > limit]
+        normal = [int(x) for x in lengths if x <= limit]
+        release = max(0, self.dp * self.m - len(out))  # one per micro-batch
+        out += outliers[:release]
+        self.queue = outliers[release:]
+        docs = normal + out
+        cost = doc_cost(docs).tolist()
+        rows = lpt(docs, cost, self.dp * self.m, self.capacity, docs)
+        if rows is None:  # stranded: the queue joins nothing this step (every document in)
+            rows = ffd(np.asarray(docs), self.capacity, self.dp * self.m)
+        rc = [doc_cost(r).sum() for r in rows]
+        ranks = lpt(rows, rc, self.dp)
+        return step_time(ranks, pp)
+
+
 def baselines(lengths, capacity, pp, dp, m):
     out = {}
     f = ffd(lengths, capacity, dp * m)
@@ -84,12 +150,47 @@ def baselines(lengths, capacity, pp, dp, m):
     g = packkit.plan(lengths, capacity, algorithm="ogbfd", dp_size=dp, cost=COST)
     rank_rows = [[[int(lengths[i]) for i in b] for b in g.rank_bins(r)] for r in range(dp)]
     out["ogbfd rows"] = step_time(rank_rows, pp)  # its own row count (one per step): the rows it would feed
+    try:
+        out["verl rearrange"], over = verl_step(lengths, pp, dp, m, capacity)
+        out["verl over-capacity rows"] = over
+    except ImportError:
+        pass
+    return out
+
+
+def spread(rng, steps, pp=2, dp=8):
+    """1,000 consecutive steps of the MoE-RL-like workload: step-time CV per feeding."""
+    m = 4 * pp
+    draws = [draw(rng, "moe-rl", dp) for _ in range(steps)]
+    capacity = draws[0][1]
+    times = {"packkit": [], "packkit max_delay=1": [], "pad-to-longest MFFD": [], "verl rearrange": [],
+             "WLB-LLM-style": []}
+    held = packkit.PipelineStepPlanner(capacity, max_delay=1, pp_size=pp, dp_size=dp, num_microbatches=m, cost=COST)
+    wlb = WLBStyle(capacity, dp, m)
+    for lengths, _ in draws:
+        times["packkit"].append(packkit.plan_pipeline(lengths, capacity, pp_size=pp, dp_size=dp, num_microbatches=m,
+                                                      cost=COST).makespan)
+        times["packkit max_delay=1"].append(held.step(lengths).plan.makespan)
+        f = ffd(lengths, capacity, dp * m)
+        if f is not None:
+            times["pad-to-longest MFFD"].append(step_time([f[i::dp] for i in range(dp)], pp, pad_to=max(map(sum, f))))
+        try:
+            times["verl rearrange"].append(verl_step(lengths, pp, dp, m, capacity)[0])
+        except ImportError:
+            pass
+        times["WLB-LLM-style"].append(wlb.step(lengths, pp))
+    out = {}
+    for k, v in times.items():
+        if v:
+            out[k] = {"steps": len(v), "mean": statistics.mean(v), "cv": statistics.pstdev(v) / statistics.mean(v),
+                      "min": min(v), "max": max(v)}
     return out
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--spread-steps", type=int, default=1000)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -110,23 +211,33 @@ def main():
                 for k, v in baselines(lengths, capacity, pp, dp, m).items():
                     base.setdefault(k, []).append(v)
             med = statistics.median(ours)
+            over = base.pop("verl over-capacity rows", [])
             ratios = {k: statistics.median(v) / med for k, v in base.items()}
             cv = lambda v: statistics.pstdev(v) / statistics.mean(v)  # noqa: E731
             worst = max(o / b for o, b in zip(ours, bound))
             row = {"workload": name, "pp": pp, "dp": dp, "m": m, "steps": steps,
                    "median_over_bound": med / statistics.median(bound), "worst_step_over_bound": worst,
                    "median_over_data_bound": med / statistics.median(dbound), "baseline_over_packkit": ratios,
-                   "cv_packkit": cv(ours), "cv_pad_mffd": cv(base["pad-to-longest MFFD"]) if "pad-to-longest MFFD" in base else None}
+                   "verl_over_capacity_rows": int(sum(over)), "cv_packkit": cv(ours), "cv_pad_mffd": cv(base["pad-to-longest MFFD"]) if "pad-to-longest MFFD" in base else None}
             rows_out.append(row)
             best = min(ratios.values()) if ratios else float("nan")
             pad = ratios.get("pad-to-longest MFFD", float("nan"))
             print(f"| {name} | {pp} | {dp} | {m} | {row['median_over_bound']:.3f} (worst {worst:.3f}) | "
                   f"{row['median_over_data_bound']:.3f} | {best:.3f} | {pad:.3f} | {100 * row['cv_packkit']:.1f}% | "
                   f"{100 * (row['cv_pad_mffd'] or float('nan')):.1f}% |")
+    spread_steps = 20 if args.quick else args.spread_steps
+    sp = spread(rng, spread_steps)
+    print(f"\nstep-time spread, moe-rl pp 2 x dp 8, m 8, {spread_steps} consecutive steps:")
+    print("| feeding | mean step / packkit's | CV | min-max / mean |")
+    print("|---|---|---|---|")
+    for k, v in sp.items():
+        print(f"| {k} | {v['mean'] / sp['packkit']['mean']:.3f} | {100 * v['cv']:.1f}% | "
+              f"{v['min'] / v['mean']:.2f}-{v['max'] / v['mean']:.2f} |")
     lengths = np.minimum(rng.lognormal(np.log(2000), 1.2, 4096).astype(np.int64) + 1, 131072)
     median, _, _ = _results.timed(lambda: packkit.plan_pipeline(lengths, 131072, pp_size=8, dp_size=64, cost=COST), 5)
     print(f"\nplanning 4,096 documents at pp 8 x dp 64: {1e3 * median:.1f} ms (median of 5)")
-    doc = {"machine": _results.machine_info(), "steps": steps, "rows": rows_out, "plan_ms_4096_pp8_dp64": 1e3 * median}
+    doc = {"machine": _results.machine_info(), "steps": steps, "rows": rows_out, "spread": sp,
+           "plan_ms_4096_pp8_dp64": 1e3 * median}
     _results.write_results(doc, "pipeline_cpu.json", args.out, args.quick)
 
 
