@@ -23,7 +23,7 @@ san -c 'import packkit._planner as p, packkit.packing.ops; assert "/build/saniti
 
 san -m pytest -q -p no:cacheprovider --capture=sys tests/test_plan_op.py tests/test_plan_errors.py tests/test_plan_from_bins.py \
   tests/test_plan_properties.py tests/test_plan_hetero.py tests/test_context_parallel_plan.py tests/test_pack_ops.py \
-  tests/test_pack_sequences.py tests/test_collator.py \
+  tests/test_pack_sequences.py tests/test_collator.py tests/test_pipeline_plan.py tests/test_pipeline_steps.py \
   tests/sanitize tests/fuzz
 if [ "${FUZZ_SECONDS:-0}" -gt 0 ]; then
   # Fuzz with coverage on the normal build (a preloaded gcc libasan breaks atheris' coverage), then replay
