@@ -20,6 +20,7 @@ LONGEST_FIRST = (
     "test_triton_interpreted.py::test_triton_kernels_interpreted[test_pack_triton.py]",  # ~210 s
     "test_api_fuzz.py::test_a_fixed_seed_run_passes_within_its_budget",  # 120 s budget + imports
     "test_torchtitan_entry.py::",  # two torchtitan.train runs, ~100 s
+    "test_torchtitan_pp_entry.py::",  # five torchtitan.train runs (seed, 1F1B, Interleaved, pp=1, PR 4098), ~150 s
     "test_triton_interpreted.py::test_triton_kernels_compile_for_sm90",
     "test_triton_interpreted.py::",
     "test_api_fuzz.py::test_the_corpus_replays_clean",
