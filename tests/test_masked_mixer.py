@@ -93,14 +93,31 @@ def test_seq_idx_from_every_boundary_form_is_the_same():
         seq_idx_of({"seq_idx": want[:, :10]}, 1, 64, "cpu", "test")
 
 
-def _model():
+FAMILIES = ("mamba2", "bamba")  # Bamba: the same mixer between attention layers (sdpa, documents from position_ids)
+
+
+def _model(name="mamba2"):
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(tiny_config("mamba2"))
+        model = transformers.AutoModelForCausalLM.from_config(tiny_config(name))
     model = model.to(torch.float64).train()
     fp64_everywhere(model, _FP64)  # transformers' fp32 casts (scan, gated norm, logits) made fp64
     return model
+
+
+def token_loss(logits, labels):
+    """Summed next-token loss in fp64 (transformers' loss function casts logits to fp32: its 1-ulp flips would hide
+    nothing and fail a fp64 tolerance)."""
+    logp = torch.log_softmax(logits[:, :-1].double(), dim=-1)
+    target = labels[:, 1:]
+    keep = target != -100
+    return -(logp.gather(-1, target.clamp_min(0)[..., None])[..., 0] * keep).sum()
+
+
+def _packed_loss(model, batch, tokens):
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    return token_loss(model(**inputs, use_cache=False).logits, batch["labels"]) / tokens
 
 
 def _loss_and_grads(model, run):
@@ -111,18 +128,18 @@ def _loss_and_grads(model, run):
 
 
 TOL = 1e3 * 64 * EPS  # the kernels' bound (above), reached through two layers and the loss
+TOKENS = sum(n - 1 for n in LENGTHS)
 
 
-@pytest.fixture(scope="module")
-def reference():
-    """The model, its documents and their per-sample loss and gradients (token-weighted mean of each alone)."""
-    base = _model()
+@pytest.fixture(scope="module", params=FAMILIES)
+def reference(request):
+    """A family's model, the documents and their per-sample loss and gradients (summed over each alone)."""
+    base = _model(request.param)
     docs = [torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in LENGTHS]
-    tokens = sum(n - 1 for n in LENGTHS)
 
     def alone():
-        return sum(base(input_ids=torch.tensor([d]), labels=torch.tensor([d]), use_cache=False).loss * (len(d) - 1)
-                   for d in docs) / tokens
+        return sum(token_loss(base(input_ids=torch.tensor([d]), use_cache=False).logits, torch.tensor([d]))
+                   for d in docs) / TOKENS
 
     return base, docs, _loss_and_grads(base, alone)
 
@@ -135,19 +152,20 @@ def _assert_close(got, want):
 
 def test_packed_training_step_equals_each_document_alone_and_the_per_document_mixer(reference):
     """Loss and every gradient of a packed batch (contract form, padding tail, slots) on the masked mixer equal the
-    documents run alone and the per-document mixer's. Tolerance: the kernels' sums in another order (quadratic
-    form vs transformers' chunked scan, shifted taps vs F.conv1d), through two layers."""
+    documents run alone and the per-document path's (Mamba-2's mixer, Bamba's kernel stand-ins). Tolerance: the
+    kernels' sums in another order (quadratic form vs transformers' chunked scan, shifted taps vs F.conv1d),
+    through two layers."""
     base, docs, want = reference
     batch = packkit.PackingCollator(64, max_sequences=8, max_length_buckets="pow2")([{"input_ids": d} for d in docs])
     masked = packkit.prepare_model(copy.deepcopy(base), mixer="masked")
-    got = _loss_and_grads(masked, lambda: masked(**batch, use_cache=False).loss)
+    got = _loss_and_grads(masked, lambda: _packed_loss(masked, batch, TOKENS))
     host = packkit.prepare_model(copy.deepcopy(base))
     _assert_close(got, want)
-    _assert_close(got, _loss_and_grads(host, lambda: host(**batch, use_cache=False).loss))
-    # control: the same batch without its boundaries (one document a row) is not the per-sample loss
-    plain = {k: batch[k] for k in ("input_ids", "labels")}
+    _assert_close(got, _loss_and_grads(host, lambda: _packed_loss(host, batch, TOKENS)))
+    # control: the mixer without the documents (one per row; the attention layers still get them) is not exact
+    blind = {**batch, "seq_idx": torch.zeros_like(batch["seq_idx"])}
     with torch.no_grad():
-        assert abs(float(masked(**plain, use_cache=False).loss) - float(want[0])) > 1e-4
+        assert abs(float(_packed_loss(masked, blind, TOKENS)) - float(want[0])) > 1e-4
 
 
 @pytest.mark.parametrize("form", ["padded rows", "cu_seq_lens_q only", "position_ids only"])
@@ -162,9 +180,11 @@ def test_every_boundary_form_and_the_padded_layout_are_exact(reference, form):
     else:
         batch = packkit.PackingCollator(64, max_sequences=8)(features)
         keep = {"cu_seq_lens_q only": "cu_seq_lens_q", "position_ids only": "position_ids"}[form]
-        batch = {k: v for k, v in batch.items() if k in ("input_ids", "labels", keep)}
+        if keep == "cu_seq_lens_q" and base.config.model_type == "bamba":
+            keep = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids")  # sdpa's
+        batch = {k: v for k, v in batch.items() if k in ("input_ids", "labels") or k in keep}
     masked = packkit.prepare_model(copy.deepcopy(base), mixer="masked")
-    _assert_close(_loss_and_grads(masked, lambda: masked(**batch, use_cache=False).loss), want)
+    _assert_close(_loss_and_grads(masked, lambda: _packed_loss(masked, batch, TOKENS)), want)
 
 
 def test_masked_mixer_arguments_are_checked_by_name():

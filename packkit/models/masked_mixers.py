@@ -1,4 +1,5 @@
-"""A host-read-free exact Mamba-2 mixer for packed batches: ``prepare_model(model, mixer="masked")``.
+"""A host-read-free exact Mamba-2 mixer for packed batches: ``prepare_model(model, mixer="masked")``
+(``Mamba2Mixer``, and Bamba's ``BambaMixer``: the same layer).
 
 The per-document mixer (``mixers.py``) splits each row at boundaries read on the host (``.tolist()``), which a
 ``torch.compile(fullgraph=True)`` step or a captured CUDA graph cannot hold. This one keeps the documents on the
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from .documents import BOUNDARY_KEYS
 
 # Mixer classes with a masked forward here (model type -> class names): prepare_model(mixer="masked") refuses others.
-MASKED_MIXERS = {"mamba2": ("Mamba2Mixer",)}
+MASKED_MIXERS = {"mamba2": ("Mamba2Mixer",), "bamba": ("BambaMixer",)}
 
 
 def _routed_kwargs() -> frozenset:

@@ -11,7 +11,7 @@ What it installs (everything is validated before anything is patched, so a refus
 - a forward pre-hook on the model that reads each call's boundaries (for the mixers) and refuses a packed call
   whose recurrent layers would not see them (restarting ``position_ids`` without ``cu_seq_lens_q`` / ``seq_idx``).
 
-``mixer="masked"`` (Mamba-2 only, ``packkit.models.masked_mixers``) installs instead a mixer that keeps the documents
+``mixer="masked"`` (Mamba-2 and Bamba, ``packkit.models.masked_mixers``) installs instead a mixer that keeps the documents
 apart by masking on the device (no host read: a ``torch.compile(fullgraph=True)`` step holds).
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def prepare_model(model: torch.nn.Module, path: Optional[str] = None, mixer: str
     naming the model type, the path and why it cannot be exact. Idempotent; :func:`unprepare_model` undoes it.
 
     ``mixer``: ``"per_document"`` (default: recurrent mixers run once per document, boundaries read on the host) or
-    ``"masked"`` (Mamba-2 only: the documents kept apart by masks on the device, no host read, so a
+    ``"masked"`` (Mamba-2 and Bamba: the documents kept apart by masks on the device, no host read, so a
     ``torch.compile(fullgraph=True)`` step holds; O(length^2) per row, for short rows)."""
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"prepare_model expects a transformers model (torch.nn.Module with .config), got "
@@ -124,8 +124,9 @@ def prepare_model(model: torch.nn.Module, path: Optional[str] = None, mixer: str
     for module in mixer_modules:
         (install_masked_mixer if mixer == "masked" else install_mixer)(module, state)
         state.mixers.append(module)
-    # Kernel families read the boundaries from the call's keywords; the mixers also from position_ids.
-    kernel_bounds = not info.mixers and any(k.name in SPECS for k in info.kernels)
+    # Kernel families read the boundaries from the call's keywords; the mixers (masked ones too) also from
+    # position_ids, so only kernel families refuse packed position_ids alone.
+    kernel_bounds = not info.mixers and mixer != "masked" and any(k.name in SPECS for k in info.kernels)
     if info.recurrent:
         state.hook = model.register_forward_pre_hook(_pre_hook(state, kernel_bounds), with_kwargs=True)
     setattr(model, ATTR, state)
