@@ -12,6 +12,8 @@ it to ``packkit.plan(..., pad_to_multiple_of=)`` so planned rows still fit once 
   without TE (Megatron's ``get_thd_batch_on_this_cp_rank`` needs TE for cp > 1).
 * :class:`PackkitCPScheduler`, :func:`install_cp_scheduler` / :func:`uninstall_cp_scheduler`: dynamic CP in
   Megatron's hybrid-CP data path (``megatron_cp.py``).
+* :func:`pipeline_data_iterator`: one packed micro-batch per ``next()``, each with its own ``PackedSeqParams``,
+  for Megatron's pipeline schedules with ``variable_seq_lengths=True`` (docs/pipeline.md: where users run it).
 
 Megatron-Core stays optional: it is imported only when these functions run (``pip install packkit[megatron]``).
 """
@@ -163,3 +165,35 @@ def thd_batch_on_cp_rank(batch: dict, params, cp_size: int, cp_rank: int) -> dic
         return dict(batch)
     index = _src_index_host(cup, cup, cp_size, cp_rank, True, total // cp_size)
     return {key: value.index_select(1, to_device(host_tensor(index), value.device)) for key, value in batch.items()}
+
+
+def pipeline_data_iterator(microbatches, sequences, labels=None, *, cp_size: int = 1, tp_size: int = 1,
+                           sequence_parallel: bool = False, pad_token_id: int = 0, ignore_index: int = -100):
+    """The ``data_iterator`` of Megatron's pipeline schedules (``forward_step_func`` calls ``next`` on it once per
+    micro-batch): for each micro-batch of ``microbatches`` (lists of indices into ``sequences``, in schedule order:
+    one rank's ``plan_pipeline(...).microbatches[rank]``), its documents packed alone into one flat row and
+    :func:`packed_seq_params`' ``megatron_batch`` with the ``PackedSeqParams`` under ``"packed_seq_params"``.
+
+    Each micro-batch's ``cu_seqlens_q`` runs from 0 to its own tokens, and micro-batches keep their own lengths (no
+    padding to the longest): with ``config.variable_seq_lengths=True`` Megatron's p2p communicator sends each
+    micro-batch's activation shape first. Everything is checked before the first micro-batch is yielded."""
+    from ..packing.sequences import pack_sequences
+
+    rows = [list(map(int, row)) for row in microbatches]
+    if not rows or any(not row for row in rows):
+        raise ValueError("microbatches must be a non-empty list of non-empty lists of document indices")
+    n = len(sequences)
+    bad = [i for row in rows for i in row if not 0 <= i < n]
+    if bad:
+        raise ValueError(f"microbatches names document {bad[0]}; sequences has {n} (indices 0 .. {n - 1})")
+    if labels is not None and len(labels) != n:
+        raise ValueError(f"labels has {len(labels)} entries, sequences {n}: one label sequence per document")
+    built = []
+    for row in rows:
+        flat = pack_sequences([sequences[i] for i in row], labels=None if labels is None else [labels[i] for i in row],
+                              layout="flat", pad_token_id=pad_token_id, ignore_index=ignore_index)
+        batch, params = packed_seq_params(flat, cp_size=cp_size, tp_size=tp_size, sequence_parallel=sequence_parallel,
+                                          pad_token_id=pad_token_id, ignore_index=ignore_index)
+        built.append({**batch, "packed_seq_params": params})
+    return iter(built)
+

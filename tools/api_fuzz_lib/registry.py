@@ -53,6 +53,15 @@ NOT_CALLED = {
     "packkit.integrations.torchtitan.PackkitDataLoader": "NOT YET: needs a torchtitan job config; its stream "
                                                           "(BalancedDocumentStream) is fuzzed",
     "packkit.integrations.torchtitan.torchtitan_cost": "NOT YET: needs a torchtitan model config",
+    "packkit.integrations.torchtitan.PackkitTrainer": "torchtitan's Trainer (needs a torchtitan job config); its "
+                                                       "check is check_stage_kwargs",
+    "packkit.integrations.torchtitan.check_stage_kwargs": "NOT YET: needs torchtitan's VarlenMetadata / BlockMask "
+                                                           "per draw (tests/test_torchtitan_pipeline_guard.py); "
+                                                           "its cu_seq_q check is check_microbatch's",
+    "packkit.integrations.torchtitan.guard_pipeline_stages": "installs hooks on modules (no data argument)",
+    "packkit.integrations.megatron.pipeline_data_iterator": "NOT YET: packs with pack_sequences and "
+                                                             "packed_seq_params, both fuzzed "
+                                                             "(tests/test_megatron_pipeline.py)",
     "packkit.integrations.llamafactory.RowPlan": "a result type of plan_rows (checked there)",
     "packkit.integrations.llamafactory.install": "patches LLaMA-Factory (its arguments are plan_rows' cost / dp_size "
                                                  "/ seed / shuffle, fuzzed there)",
