@@ -209,3 +209,30 @@ def test_masked_mixer_arguments_are_checked_by_name():
     finally:
         packkit.unprepare_model(model)
     assert "forward" not in vars(model.backbone.layers[0].mixer)
+
+
+@pytest.mark.parametrize("name, mixer", [("mamba2", "per_document"), ("mamba2", "masked"), ("bamba", "per_document"),
+                                         ("bamba", "masked")])
+def test_a_deepcopy_of_a_prepared_model_runs_its_own_weights(name, mixer):
+    """A reference / EMA model is often a deepcopy of the prepared one: its mixers must run the copy's weights (the
+    closures they were ran the original's, and the copy's got no gradients), and unpreparing the copy must leave the
+    original's module-level stand-ins installed."""
+    model = packkit.prepare_model(_model(name), mixer=mixer)
+    batch = packkit.PackingCollator(32, max_sequences=4)([{"input_ids": [5, 6, 7, 8]}, {"input_ids": [9, 10, 11]}])
+    batch.pop("labels")
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in copied.parameters():
+            p.mul_(0.5)
+    fresh = packkit.prepare_model(_model(name), mixer=mixer)
+    fresh.load_state_dict(copied.state_dict())
+    try:
+        out = copied(**batch, use_cache=False).logits
+        assert torch.equal(out, fresh(**batch, use_cache=False).logits)
+        mixer_weight = next(m for m in copied.modules() if type(m).__name__.endswith("Mixer")).in_proj.weight
+        assert torch.autograd.grad(out.sum(), mixer_weight)[0].abs().sum() > 0
+        packkit.unprepare_model(copied)
+        model(**batch, use_cache=False)  # still prepared: the stand-ins it counts in are kept
+    finally:
+        for m in (model, copied, fresh):
+            packkit.unprepare_model(m)

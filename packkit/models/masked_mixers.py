@@ -17,6 +17,8 @@ inputs (transformers' torch reference casts to float32 always).
 """
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.nn.functional as F
 
@@ -26,13 +28,18 @@ from .documents import BOUNDARY_KEYS
 MASKED_MIXERS = {"mamba2": ("Mamba2Mixer",), "bamba": ("BambaMixer",)}
 
 
-def _routed_kwargs() -> frozenset:
-    """The keywords transformers routes through every layer (TransformersKwargs): they reach the mixer unasked."""
+_ALLOWED = frozenset()  # filled by the first install (import packkit must not import transformers)
+
+
+def _allowed_kwargs() -> frozenset:
+    """The batch's boundaries and the keywords transformers routes through every layer (TransformersKwargs): they
+    reach the mixer unasked."""
     try:
         from transformers.utils.generic import TransformersKwargs
-        return frozenset(getattr(TransformersKwargs, "__annotations__", {}))
+        routed = frozenset(getattr(TransformersKwargs, "__annotations__", {}))
     except Exception:  # noqa: BLE001 (an older transformers: no routed keywords to allow)
-        return frozenset()
+        routed = frozenset()
+    return frozenset(BOUNDARY_KEYS) | routed
 
 
 def seq_idx_of(bounds: dict, rows: int, length: int, device, where: str) -> torch.Tensor:
@@ -101,28 +108,32 @@ def masked_ssd(x, dt, A, B, C, D, seq_idx: torch.Tensor) -> torch.Tensor:
     return y + D[:, None] * x
 
 
+def _forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+    where = f"{type(self).__name__} (packkit masked)"
+    unknown = sorted(k for k in kwargs if k not in _ALLOWED)
+    if unknown:
+        raise ValueError(f"{where}: keyword(s) {', '.join(unknown)} are not honoured by the masked mixer")
+    if cache is not None or kwargs.get("cache_params") is not None:
+        raise ValueError(f"{where}: a call with a cache is refused: each document starts from a zero state "
+                         "(call the model with use_cache=False)")
+    rows, length, _ = hidden_states.shape
+    if attention_mask is not None and tuple(attention_mask.shape) != (rows, length):
+        raise ValueError(f"{where}: an attention_mask of shape {tuple(attention_mask.shape)} is refused "
+                         f"(a packkit batch has none; a padding mask is [{rows}, {length}])")
+    has_bounds = any(isinstance(kwargs.get(k), torch.Tensor) for k in BOUNDARY_KEYS)
+    bounds = kwargs if has_bounds else self._packkit_state.boundaries
+    seq_idx = seq_idx_of(bounds, rows, length, hidden_states.device, where)
+    return masked_forward(self, hidden_states, attention_mask, seq_idx)
+
+
 def install_masked_mixer(module: torch.nn.Module, state) -> None:
     """Replace ``module.forward`` (a transformers ``Mamba2Mixer``) by the masked forward; boundaries come from the
-    call's keywords (transformers >= 5.25 routes the batch's to every mixer) or else the model's pre-hook."""
-    where = f"{type(module).__name__} (packkit masked)"
-    allowed = frozenset(BOUNDARY_KEYS) | _routed_kwargs()
-
-    def forward(hidden_states, cache=None, attention_mask=None, **kwargs):
-        unknown = sorted(k for k in kwargs if k not in allowed)
-        if unknown:
-            raise ValueError(f"{where}: keyword(s) {', '.join(unknown)} are not honoured by the masked mixer")
-        if cache is not None or kwargs.get("cache_params") is not None:
-            raise ValueError(f"{where}: a call with a cache is refused: each document starts from a zero state "
-                             "(call the model with use_cache=False)")
-        rows, length, _ = hidden_states.shape
-        if attention_mask is not None and tuple(attention_mask.shape) != (rows, length):
-            raise ValueError(f"{where}: an attention_mask of shape {tuple(attention_mask.shape)} is refused "
-                             f"(a packkit batch has none; a padding mask is [{rows}, {length}])")
-        bounds = kwargs if any(isinstance(kwargs.get(k), torch.Tensor) for k in BOUNDARY_KEYS) else state.boundaries
-        seq_idx = seq_idx_of(bounds, rows, length, hidden_states.device, where)
-        return masked_forward(module, hidden_states, attention_mask, seq_idx)
-
-    module.forward = forward
+    call's keywords (transformers >= 5.25 routes the batch's to every mixer) or else the model's pre-hook. A method
+    bound to the module and the state an attribute of it (no closure): a deepcopy runs its own weights."""
+    global _ALLOWED
+    _ALLOWED = _ALLOWED or _allowed_kwargs()
+    module._packkit_state = state
+    module.forward = types.MethodType(_forward, module)
 
 
 def masked_forward(m, hidden_states, attention_mask, seq_idx):

@@ -16,6 +16,8 @@ apart by masking on the device (no host read: a ``torch.compile(fullgraph=True)`
 """
 from __future__ import annotations
 
+import copy
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Optional
@@ -39,10 +41,22 @@ class Prepared:
     path: str
     model_type: str
     mixer: str = "per_document"
-    kernels: list = field(default_factory=list)  # (module, attr) keys of _INSTALLED this model counts in
+    kernels: list = field(default_factory=list)  # (module name, attr) keys of _INSTALLED this model counts in
     mixers: list = field(default_factory=list)
     hook: Optional[object] = None
     boundaries: dict = field(default_factory=dict)  # the last call's cu_seq_lens_q / seq_idx / position_ids
+
+    def __deepcopy__(self, memo):
+        """A deepcopy of a prepared model (a reference or EMA model) is prepared too: its mixers and hook are its
+        own, and it counts in the module-level stand-ins it runs, so unpreparing one copy keeps them for the rest."""
+        copied = Prepared(self.path, self.model_type, self.mixer, list(self.kernels))
+        memo[id(self)] = copied  # before the mixers: each refers back to this state
+        copied.mixers = [copy.deepcopy(m, memo) for m in self.mixers]
+        copied.hook = copy.deepcopy(self.hook, memo)
+        for key in copied.kernels:
+            if key in _INSTALLED:
+                _INSTALLED[key][2] += 1
+        return copied
 
 
 def _refuse(model_type: str, path: str, why: str) -> ValueError:
@@ -50,8 +64,9 @@ def _refuse(model_type: str, path: str, why: str) -> ValueError:
                       f"path: {why}")
 
 
-def _pre_hook(state: Prepared, recurrent: bool):
+def _pre_hook(recurrent: bool):
     def hook(module, args, kwargs):
+        state = getattr(module, ATTR)  # the model's own (a deepcopy's hook is this function, its state a copy)
         bounds = {k: kwargs.get(k) for k in ("cu_seq_lens_q", "seq_idx", "position_ids")}
         state.boundaries = bounds
         if recurrent and bounds["cu_seq_lens_q"] is None and bounds["seq_idx"] is None and \
@@ -120,7 +135,7 @@ def prepare_model(model: torch.nn.Module, path: Optional[str] = None, mixer: str
             _INSTALLED[key] = entry = [getattr(kernel.module, kernel.attr), replacement, 0]
             setattr(kernel.module, kernel.attr, replacement)
         entry[2] += 1
-        state.kernels.append((kernel.module, kernel.attr))
+        state.kernels.append(key)  # names, not modules: a prepared model stays deep-copyable
     for module in mixer_modules:
         (install_masked_mixer if mixer == "masked" else install_mixer)(module, state)
         state.mixers.append(module)
@@ -128,7 +143,7 @@ def prepare_model(model: torch.nn.Module, path: Optional[str] = None, mixer: str
     # position_ids, so only kernel families refuse packed position_ids alone.
     kernel_bounds = not info.mixers and mixer != "masked" and any(k.name in SPECS for k in info.kernels)
     if info.recurrent:
-        state.hook = model.register_forward_pre_hook(_pre_hook(state, kernel_bounds), with_kwargs=True)
+        state.hook = model.register_forward_pre_hook(_pre_hook(kernel_bounds), with_kwargs=True)
     setattr(model, ATTR, state)
     return model
 
@@ -150,15 +165,16 @@ def unprepare_model(model: torch.nn.Module) -> torch.nn.Module:
         state.hook.remove()
     for module in state.mixers:
         remove_mixer(module)
-    for module, attr in state.kernels:
-        entry = _INSTALLED.get((module.__name__, attr))
+    for name, attr in state.kernels:
+        entry = _INSTALLED.get((name, attr))
         if entry is None:
             continue
         entry[2] -= 1
         if entry[2] <= 0:
-            if getattr(module, attr) is entry[1]:
+            module = sys.modules.get(name)
+            if module is not None and getattr(module, attr) is entry[1]:
                 setattr(module, attr, entry[0])
-            del _INSTALLED[(module.__name__, attr)]
+            del _INSTALLED[(name, attr)]
     delattr(model, ATTR)
     return model
 
