@@ -168,21 +168,23 @@ def test_packed_training_step_equals_each_document_alone_and_the_per_document_mi
         assert abs(float(_packed_loss(masked, blind, TOKENS)) - float(want[0])) > 1e-4
 
 
-@pytest.mark.parametrize("form", ["padded rows", "cu_seq_lens_q only", "position_ids only"])
+@pytest.mark.parametrize("form", ["padded rows", "padded rows, cu_seq_lens_q only", "cu_seq_lens_q only",
+                                  "position_ids only"])
 def test_every_boundary_form_and_the_padded_layout_are_exact(reference, form):
     """Documents in two padded rows (reordered by the planner; each row's tail a segment), or given to the mixer by
     cu_seq_lens_q alone (searchsorted) or restarting position_ids alone: the same per-sample loss and gradients."""
     base, docs, want = reference
     features = [{"input_ids": d} for d in docs]
-    if form == "padded rows":
+    if form.startswith("padded rows"):
         batch = packkit.PackingCollator(32, layout="padded", max_sequences=4, max_length_buckets="pow2")(features)
         assert batch["input_ids"].shape[0] == 2
     else:
         batch = packkit.PackingCollator(64, max_sequences=8)(features)
-        keep = {"cu_seq_lens_q only": "cu_seq_lens_q", "position_ids only": "position_ids"}[form]
-        if keep == "cu_seq_lens_q" and base.config.model_type == "bamba":
-            keep = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids")  # sdpa's
-        batch = {k: v for k, v in batch.items() if k in ("input_ids", "labels") or k in keep}
+    if form != "padded rows":
+        keep = ("position_ids",) if form == "position_ids only" else ("cu_seq_lens_q",)
+        if keep == ("cu_seq_lens_q",) and base.config.model_type == "bamba":  # its sdpa layers need positions
+            keep = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids")
+        batch = {k: v for k, v in batch.items() if k in ("input_ids", "labels", *keep)}
     masked = packkit.prepare_model(copy.deepcopy(base), mixer="masked")
     _assert_close(_loss_and_grads(masked, lambda: _packed_loss(masked, batch, TOKENS)), want)
 
