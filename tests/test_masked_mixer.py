@@ -197,6 +197,11 @@ def test_masked_mixer_arguments_are_checked_by_name():
         vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2))
     with pytest.raises(ValueError, match="mixer='masked' exists for model type"):
         packkit.prepare_model(llama, mixer="masked")
+    grouped = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(
+        vocab_size=32, hidden_size=32, num_hidden_layers=1, num_heads=4, head_dim=16, state_size=8, n_groups=8))
+    with pytest.raises(ValueError, match="4 heads in 8 groups"):
+        packkit.prepare_model(grouped, mixer="masked")
+    assert packkit.models.prepared_path(grouped) is None and "forward" not in vars(grouped.backbone.layers[0].mixer)
     model = packkit.prepare_model(copy.deepcopy(base), mixer="masked")
     try:
         with pytest.raises(ValueError, match="prepared with mixer='masked'"):

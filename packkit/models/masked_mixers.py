@@ -13,7 +13,8 @@ device as ``seq_idx`` ([rows, length], one document index per token) and masks i
 
 Cost: O(length^2) per row and head (memory and time), fine for the short rows of compile / graph tests and tiny
 models, not a replacement for the chunked kernels on long rows. It computes in float32, or float64 for float64
-inputs (transformers' torch reference casts to float32 always).
+inputs (transformers' torch reference casts to float32 always). The boundaries are trusted as the collator built
+them: checking them (offsets rising, documents inside rows) would be the host read this path exists to avoid.
 """
 from __future__ import annotations
 
@@ -124,6 +125,14 @@ def _forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
     bounds = kwargs if has_bounds else self._packkit_state.boundaries
     seq_idx = seq_idx_of(bounds, rows, length, hidden_states.device, where)
     return masked_forward(self, hidden_states, attention_mask, seq_idx)
+
+
+def check_masked_mixer(module: torch.nn.Module):
+    """Why the masked forward cannot run ``module``, or None (prepare_model asks before it patches anything)."""
+    if module.num_heads % module.n_groups:
+        return (f"its {type(module).__name__} has {module.num_heads} heads in {module.n_groups} groups (B and C are "
+                "shared by num_heads // n_groups heads each)")
+    return None
 
 
 def install_masked_mixer(module: torch.nn.Module, state) -> None:

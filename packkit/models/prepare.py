@@ -26,7 +26,7 @@ import torch
 
 from .documents import spans_from_position_ids
 from .kernels import SPECS, stand_in
-from .masked_mixers import MASKED_MIXERS, install_masked_mixer
+from .masked_mixers import MASKED_MIXERS, check_masked_mixer, install_masked_mixer
 from .mixers import install_mixer, remove_mixer
 from .support import PREPARE, REFUSE, UNVERIFIED, analyse, packing_support
 from .verdicts import PATHS, attention_path
@@ -127,6 +127,10 @@ def prepare_model(model: torch.nn.Module, path: Optional[str] = None, mixer: str
         raise _refuse(info.model_type, path, f"none of its modules is a {' / '.join(info.mixers)}")
     if mixer == "masked":
         mixer_modules = [m for m in model.modules() if type(m).__name__ in MASKED_MIXERS[info.model_type]]
+        why = next(filter(None, map(check_masked_mixer, mixer_modules)), None) if mixer_modules else (
+            f"none of its modules is a {' / '.join(MASKED_MIXERS[info.model_type])}")
+        if why is not None:
+            raise _refuse(info.model_type, path, why)
     state = Prepared(path, info.model_type, mixer)
     for kernel, replacement in kernels:
         key = (kernel.module.__name__, kernel.attr)
