@@ -116,3 +116,17 @@ def test_the_same_documents_give_the_same_plan():
              for x in steps]
     assert first == [packkit.plan_pipeline(x.copy(), 4096, pp_size=2, dp_size=2, num_microbatches=4,
                                            cost=COST).microbatches for x in steps]
+
+
+def test_an_outlier_gets_a_rank_of_its_own_with_the_lightest_beside_it():
+    # Under 1F1B an outlier's rank runs about its path plus its other rows, so balancing work (the outlier with 9
+    # short documents, the other rank with 31) is slower than the outlier with one short document a row.
+    lengths = [20000] + [3000] * 40
+    p = packkit.plan_pipeline(lengths, 65536, pp_size=4, dp_size=2, num_microbatches=4, cost=COST)
+    balanced = max(pp_simulate([[20000], [3000] * 3, [3000] * 3, [3000] * 3], pp_size=4, cost=COST).makespan,
+                   pp_simulate([[3000] * 8] * 3 + [[3000] * 7], pp_size=4, cost=COST).makespan)
+    assert p.makespan < 0.96 * balanced
+    assert p.makespan <= 1.02 * p.lower_bound
+    outlier_rank = next(rank for rank in p.microbatches if any(0 in row for row in rank))
+    assert sorted(len(row) for row in outlier_rank) == [1, 1, 1, 1]
+    assert sorted(d for rank in p.microbatches for row in rank for d in row) == list(range(41))

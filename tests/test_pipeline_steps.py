@@ -6,6 +6,8 @@ from hypothesis import given, settings, strategies as st
 import packkit
 from packkit.pipeline import PipelineStepPlanner
 
+pytestmark = pytest.mark.core
+
 COST = (1.0, 1.0 / 4096)
 
 

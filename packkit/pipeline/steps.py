@@ -127,8 +127,8 @@ class PipelineStepPlanner:
                 keep[i] = False
                 work -= cost[i]
                 count -= 1
-        # What is held must make a step of its own should the stream end (flush): nothing, or the smallest step's
-        # documents, topped up with the lightest that may wait.
+        # What is held must make a step of its own should the stream end (flush): nothing, or at least the smallest
+        # step's documents (topped up with the lightest that may wait) that plan_pipeline can plan alone.
         held = int((~keep).sum())
         if 0 < held < self._least:
             lightest = [i for i in by_cost[::-1] if keep[i] and waiting[i]][: self._least - held]
@@ -136,7 +136,16 @@ class PipelineStepPlanner:
                 keep[:] = True
             else:
                 keep[lightest] = False
+        if not keep.all() and not self._plannable(pool[~keep]):
+            keep[:] = True  # e.g. too long to share rows: as many rows as documents would not be a valid step
         return keep
+
+    def _plannable(self, held: np.ndarray) -> bool:
+        try:
+            plan_pipeline(held[:, 2], self.capacity, **{**self._kw, "num_microbatches": None})
+        except ValueError:
+            return False
+        return True
 
     def _plan(self, pool: np.ndarray, keep: np.ndarray, final: bool, grow: bool = False) -> PipelineStep:
         kw = {**self._kw, "num_microbatches": None} if grow else self._kw  # flush: as few micro-batches as fit
