@@ -19,11 +19,12 @@ losses are compared step by step with the exact feeding run eagerly (the same we
 packed documents are the same, so the losses must be equal. Padded tokens added by the contract (the row padded to
 capacity) are reported per bucket set. Writes benchmarks/results/compile_cpu.json.
 
-``--family mamba2``: the hybrid family instead (a tiny random-init Mamba-2, the same batches). Its per-document
+``--family mamba2`` / ``bamba``: a hybrid family instead (a tiny random-init Mamba-2, or Bamba: a Mamba-2 mixer
+layer and an sdpa attention layer; the same batches). Its per-document
 mixer (``prepare_model(model)``) reads boundaries on the host, so it is compiled whole only with
 ``prepare_model(model, mixer="masked")`` (device-side masks). Feedings: the contract on the masked mixer (compiled,
 ``dynamic=False``), the contract on the per-document mixer (compiled: fullgraph fails at the first host read), and
-the exact-metadata feeding run eagerly on each mixer for the losses. Writes benchmarks/results/compile_mamba2_cpu.json.
+the exact-metadata feeding run eagerly on each mixer for the losses. Writes benchmarks/results/compile_<family>_cpu.json.
 """
 from __future__ import annotations
 
@@ -54,13 +55,22 @@ def model_and_config():
     return transformers.LlamaForCausalLM(config)
 
 
-def mamba2_model():
+def hybrid_model(family: str):
+    """A tiny random-init hybrid: Mamba-2 (2 mixer layers) or Bamba (a mixer layer, then an sdpa attention layer)."""
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.Mamba2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16,
-                                       expand=2, state_size=8, n_groups=1, chunk_size=64, use_cache=False)
-    return transformers.Mamba2ForCausalLM(config)
+    if family == "mamba2":
+        config = transformers.Mamba2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=4,
+                                           head_dim=16, expand=2, state_size=8, n_groups=1, chunk_size=64,
+                                           use_cache=False)
+        return transformers.Mamba2ForCausalLM(config)
+    config = transformers.BambaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_layer_indices=[1],
+                                      mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
+                                      mamba_chunk_size=64, mamba_expand=2, use_cache=False,
+                                      attn_implementation="sdpa")
+    return transformers.BambaForCausalLM(config)
 
 
 def batches(steps: int, capacity: int, max_docs: int, seed: int = 1) -> list[list[list[int]]]:
@@ -154,15 +164,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--capacity", type=int, default=512)
     parser.add_argument("--slots", type=int, default=16, help="max_sequences of the contract")
-    parser.add_argument("--family", choices=("llama", "mamba2"), default="llama")
+    parser.add_argument("--family", choices=("llama", "mamba2", "bamba"), default="llama")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dynamo.config.capture_scalar_outputs = False  # a host read inside the step is a graph break: fullgraph fails
     dynamo.config.recompile_limit = 64  # a baseline past it fails (fullgraph=True): reported, not raised
     torch.set_num_threads(1)
     data = batches(args.steps, args.capacity, args.slots - 1)  # a flat row's padding takes a slot
-    if args.family == "mamba2":
-        return main_mamba2(args, data)
+    if args.family != "llama":
+        return main_hybrid(args, data)
     base = model_and_config()
     rows = []
     bucket_sets = {"pow2": "pow2", "[64, 128, 256, capacity]": [64, 128, 256, args.capacity]}
@@ -202,8 +212,8 @@ def main() -> None:
     _results.write_results(doc, "compile_cpu.json", Path(args.out) if args.out else None, quick=args.steps < 1000)
 
 
-def main_mamba2(args, data) -> None:
-    base = mamba2_model()
+def main_hybrid(args, data) -> None:
+    base = hybrid_model(args.family)
     masked = packkit.prepare_model(copy.deepcopy(base), mixer="masked")
     per_doc = packkit.prepare_model(copy.deepcopy(base))
     contract = packkit.PackingCollator(args.capacity, max_sequences=args.slots, max_length_buckets="pow2")
@@ -225,10 +235,10 @@ def main_mamba2(args, data) -> None:
         print(f"loss: contract on the masked mixer (compiled) {name}, max |diff| over {args.steps} steps = {d:.3g}")
     for r in rows.values():
         r.pop("losses")
-    doc = {"machine": _results.machine_info(), "family": "mamba2", "steps": args.steps, "capacity": args.capacity,
+    doc = {"machine": _results.machine_info(), "family": args.family, "steps": args.steps, "capacity": args.capacity,
            "slots": args.slots, "backend": "aot_eager", "dtype": "float32", "loss_max_abs_diff": diffs,
            "rows": list(rows.values())}
-    _results.write_results(doc, "compile_mamba2_cpu.json", Path(args.out) if args.out else None,
+    _results.write_results(doc, f"compile_{args.family}_cpu.json", Path(args.out) if args.out else None,
                            quick=args.steps < 1000)
 
 
