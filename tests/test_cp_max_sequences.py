@@ -75,3 +75,75 @@ def test_dynamic_pass_refuses_it_by_name():
     plan = packkit.plan_context_parallel([8, 8], 2, 16)
     with pytest.raises(ValueError, match="max_sequences= is an option of static CP packing"):
         packkit.pack_context_parallel(_seqs([8, 8], 0), plan, 0, 0, max_sequences=4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(1, 20), min_size=1, max_size=8), cp=st.integers(1, 4),
+       mode=st.sampled_from(["zigzag", "contiguous"]), seed=st.integers(0, 2**31))
+def test_shard_context_parallel_takes_the_same_contract(lengths, cp, mode, seed):
+    seqs = _seqs(lengths, seed)
+    packed = packkit.pack_sequences(seqs)
+    n = len(lengths) + 1  # documents + contiguous mode's end CP padding
+    for rank in range(cp):
+        fused = packkit.pack_context_parallel(seqs, cp, rank, mode, max_sequences=n, max_length_buckets="pow2")
+        exact = packkit.pack_context_parallel(seqs, cp, rank, mode)
+        got = packkit.shard_context_parallel(packed, cp, rank, mode, max_sequences=n, max_length_buckets="pow2")
+        assert set(got) == set(fused)
+        for key in fused:
+            if isinstance(fused[key], torch.Tensor):
+                assert torch.equal(got[key], fused[key]), key
+            else:
+                assert got[key] == fused[key], key
+        local = exact["input_ids"].shape[1]
+        want = min(1 << (exact["max_length_q"] - 1).bit_length(), local) if exact["max_length_q"] > 0 else 0
+        assert fused["max_length_q"] == fused["max_length_k"] == max(want, exact["max_length_q"])
+
+
+def _features(lengths, seed):
+    return [{"input_ids": s.tolist(), "id": i} for i, s in enumerate(_seqs(lengths, seed))]
+
+
+@pytest.mark.parametrize("layout", ["flat", "padded"])
+@pytest.mark.parametrize("mode", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("extra_fields", ["drop", "keep"])  # keep: packed, then sharded (the unfused path)
+def test_collator_context_parallel_with_the_contract(layout, mode, extra_fields):
+    feats = _features([5, 7, 3, 9, 2], 1)
+    cp, n = 2, 8
+    for rank in range(cp):
+        kw = dict(layout=layout, context_parallel=(cp, rank, mode), extra_fields=extra_fields)
+        exact = packkit.PackingCollator(64, **kw)(feats)
+        got = packkit.PackingCollator(64, max_sequences=n, **kw)(feats)
+        ref = packkit.PackingCollator(64, max_sequences=n, **{**kw, "extra_fields": "drop"})(feats)
+        if layout == "flat":  # the contract's flat row is capacity tokens: its padding tail is one more segment
+            exact = packkit.PackingCollator(64, pad_to_multiple_of=64, **kw)(feats)
+        assert got["cu_seq_lens_q"].shape == (n + 1,)
+        used = exact["cu_seq_lens_q"].tolist()
+        assert got["cu_seq_lens_q"].tolist() == used + [used[-1]] * (n + 1 - len(used))
+        for key in ("input_ids", "labels", "shift_labels", "position_ids", "seq_idx"):
+            assert torch.equal(got[key], exact[key]) and torch.equal(got[key], ref[key]), key
+        assert got["max_length_q"] == exact["max_length_q"]
+    with pytest.raises(ValueError, match="max_sequences=4 slots per shard"):
+        packkit.PackingCollator(64, layout=layout, context_parallel=(cp, 0, mode), max_sequences=4,
+                                extra_fields=extra_fields)(feats)
+
+
+@pytest.mark.parametrize("layout", ["flat", "padded"])
+@pytest.mark.parametrize("mode", ["zigzag", "contiguous"])
+def test_streaming_dataset_context_parallel_with_the_contract(layout, mode):
+    rng = np.random.default_rng(0)
+    examples = [{"input_ids": list(range(1, int(k) + 1))} for k in rng.integers(1, 12, 60)]
+    n, cp = 6, 2
+    seen = []
+    for item in packkit.PackedIterableDataset(examples, 32, layout=layout, context_parallel=(cp, 0, mode),
+                                              max_sequences=n, buffer_size=64, return_example_ids=True,
+                                              rows_per_item=2 if layout == "flat" else None):
+        cu = item["cu_seq_lens_q"].tolist()
+        assert len(cu) == n + 1 and cu == sorted(cu)
+        last = next(i for i, v in enumerate(cu) if v == cu[-1])
+        assert all(b > a for a, b in zip(cu[:last], cu[1:last + 1]))  # real slots first, then repeats
+        assert cu[-1] == item["input_ids"].shape[1]
+        ids = item["example_ids"]
+        seen += [e for row in ids for e in row] if ids and isinstance(ids[0], list) else list(ids)
+    assert sorted(seen) == list(range(60))  # every example once (rank 0 sees every row's shard)
+    with pytest.raises(ValueError, match="max_sequences=1 leaves no slot"):
+        packkit.PackedIterableDataset(examples, 32, layout="padded", context_parallel=(cp, 0, mode), max_sequences=1)

@@ -18,8 +18,8 @@ import torch
 from ..packing.checks import as_device, check_bool, check_fill, check_pack_scalars, check_separator
 from ..packing.fields import check_pad_values, check_policy, prepare_fields
 from ..packing.sequences import _backend_for, check_layout, plan_layout, source_tokens
-from ..packing.static_shapes import check_max_sequences, pad_cu_seqlens
 from ..packing.tensors import host_tensor, to_device
+from .contract import apply_contract, check_contract, check_shard_slots
 from .shard import (CP_OUTPUT_KEYS, CPShardInfo, _check_cp, _cp_geometry, _cp_op, _host_layout, _shard_outputs,
                     _src_index_host)
 
@@ -51,19 +51,6 @@ class FusedPlan:
         return np.where(cp_pad | (start < 0), -1, start + packed - self.cu[seg]), cp_pad
 
 
-def check_shard_slots(cu: np.ndarray, documents: int, cp_size: int, mode: str, max_sequences: int) -> None:
-    """ValueError naming ``max_sequences`` when a rank's shard could need more slots. Decided from the packed row,
-    the same on every rank (no rank refuses while the others enter a collective): its segments, plus, in contiguous
-    mode, the end CP padding (its own local segment on the last ranks) when the row is not a multiple of cp_size."""
-    segments = len(cu) - 1
-    tail = int(mode == "contiguous" and int(cu[-1]) % cp_size != 0)
-    if segments + tail > max_sequences:
-        raise ValueError(f"the CP shard needs {segments + tail} slots ({documents} documents, "
-                         f"{segments - documents} padding tails{', the end CP padding' if tail else ''}) but "
-                         f"max_sequences={max_sequences} slots per shard: pass fewer documents per batch (a "
-                         "PackedBatchSampler with max_sequences plans them), or a larger max_sequences")
-
-
 def _gather_token_field(flat: torch.Tensor, src: np.ndarray, cp_pad: np.ndarray, pad_value, device) -> torch.Tensor:
     """A per-token field of the source split like the ids: packed padding gets ``pad_value`` (what
     pack_sequences puts there), CP padding 0 (what shard_context_parallel puts there)."""
@@ -85,7 +72,7 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
                           separator_id: Optional[int] = None, position_ids_start: int = 0, device=None,
                           backend: str = "auto", fields: Optional[dict] = None, pad_values: Optional[dict] = None,
                           extra_fields: str = "error", return_info: bool = False,
-                          max_sequences: Optional[int] = None):
+                          max_sequences: Optional[int] = None, max_length_buckets=None):
     """Context-parallel rank ``cp_rank``'s shard of the batch ``pack_sequences`` would build, in one launch.
 
     Equal, bit for bit, to ``shard_context_parallel(pack_sequences(sequences, lengths, ...), cp_size, cp_rank,
@@ -114,6 +101,8 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
             repeating the last offset; every other output as without it. The shard is one row, so its segments
             (documents and padding tails, every row's in the padded layout) must be at most N: more are refused
             by name, never cut (plan fewer per batch: ``PackedBatchSampler(max_sequences=N)``).
+        max_length_buckets: the shard's ``max_length_q/k`` rounded up to a bucket (``"pow2"`` or a list of ints,
+            as :func:`packkit.pack_sequences`; never above the shard's length).
     """
     _check_cp(cp_size, cp_rank, mode)
     check_layout(layout)
@@ -134,7 +123,7 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
                              f"extra_fields='keep' lists) are not split per token; use pack_sequences, then "
                              f"shard_context_parallel")
         token_fields = sorted_fields.token
-    max_sequences = check_max_sequences(max_sequences)
+    max_sequences, max_length_buckets = check_contract(max_sequences, max_length_buckets)
     segments, shape = plan_layout(seq_lengths, plan, capacity, algorithm, overlong, layout, row_len, num_rows)
     fused = FusedPlan(segments, shape, seq_lengths, cp_size, cp_rank, mode)
     if max_sequences is not None:
@@ -159,11 +148,7 @@ def pack_context_parallel(sequences, cp_size: int, cp_rank: int, mode: str = "zi
                          int(pad_token_id), int(ignore_index), seg_src_dev, int(position_ids_start),
                          None if first is None else int(first))
     out = _shard_outputs(outs, fused.local_cu, cup_dev if zigzag else None, device)
-    if max_sequences is not None:  # fixed slots: zero-length tail slots, as pack_sequences' contract
-        for key in ("cu_seq_lens_q", "cu_seqlens_padded"):
-            if key in out:
-                out[key] = pad_cu_seqlens(out[key], max_sequences + 1)
-        out["cu_seq_lens_k"] = out["cu_seq_lens_q"]
+    apply_contract(out, max_sequences, max_length_buckets, fused.local_len)
     if token_fields:
         src, cp_pad = fused.source_index(cp_size, cp_rank, zigzag)
         for name, flat in token_fields.items():

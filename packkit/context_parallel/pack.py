@@ -13,7 +13,7 @@ from .pass_batch import pack_context_parallel_pass
 # The static form's options a pass does not take (its plan fixes the layout); a pass refuses them when set.
 _STATIC_ONLY = {"lengths": None, "capacity": None, "algorithm": "obfd", "overlong": "error", "layout": "flat",
                 "num_rows": None, "row_len": None, "position_ids_start": 0, "fields": None, "pad_values": None,
-                "extra_fields": "error", "max_sequences": None}
+                "extra_fields": "error", "max_sequences": None, "max_length_buckets": None}
 
 
 def pack_context_parallel(sequences, cp_size=None, cp_rank=None, mode="zigzag", *, lengths=None, labels=None,
@@ -24,13 +24,14 @@ def pack_context_parallel(sequences, cp_size=None, cp_rank=None, mode="zigzag", 
                           position_ids_start: int = 0, device=None, backend: str = "auto",
                           fields: Optional[dict] = None, pad_values: Optional[dict] = None,
                           extra_fields: str = "error", return_info: bool = False, pass_index=None, rank=None,
-                          max_sequences: Optional[int] = None):
+                          max_sequences: Optional[int] = None, max_length_buckets=None):
     """One context-parallel rank's batch.
 
     * Static CP, ``pack_context_parallel(sequences, cp_size, cp_rank, mode="zigzag", ...)``: rank ``cp_rank`` of
       ``cp_size``'s shard of the batch ``pack_sequences`` would build, in one launch (every option:
       :func:`packkit.context_parallel.fused.pack_context_parallel`; ``max_sequences=N``: N slots per shard,
-      ``cu_seq_lens_q/k`` ``N + 1`` long).  A dynamic CP pass refuses ``max_sequences`` by name.
+      ``cu_seq_lens_q/k`` ``N + 1`` long; ``max_length_buckets``: bucketed ``max_length_q/k``).  A dynamic CP pass
+      refuses both by name.
     * Dynamic CP, ``pack_context_parallel(sequences, cp_plan, pass_index, rank)`` or
       ``pack_context_parallel(sequences, plan=cp_plan, pass_index=..., rank=...)`` with a
       :class:`packkit.ContextParallelPlan`: global rank ``rank``'s batch for that pass, its ``cp_size`` the pass's
@@ -55,7 +56,8 @@ def pack_context_parallel(sequences, cp_size=None, cp_rank=None, mode="zigzag", 
                             "pass_index, rank)")
         given = dict(lengths=lengths, capacity=capacity, algorithm=algorithm, overlong=overlong, layout=layout,
                      num_rows=num_rows, row_len=row_len, position_ids_start=position_ids_start, fields=fields,
-                     pad_values=pad_values, extra_fields=extra_fields, max_sequences=max_sequences)
+                     pad_values=pad_values, extra_fields=extra_fields, max_sequences=max_sequences,
+                     max_length_buckets=max_length_buckets)
         for name, value in given.items():
             default = _STATIC_ONLY[name]
             if (value is not None) if default is None else (not isinstance(value, type(default)) or value != default):
@@ -72,4 +74,5 @@ def pack_context_parallel(sequences, cp_size=None, cp_rank=None, mode="zigzag", 
     return pack_static(sequences, cp_size, cp_rank, mode, lengths=lengths, plan=plan, capacity=capacity,
                        algorithm=algorithm, overlong=overlong, layout=layout, num_rows=num_rows, row_len=row_len,
                        position_ids_start=position_ids_start, fields=fields, pad_values=pad_values,
-                       extra_fields=extra_fields, max_sequences=max_sequences, **common)
+                       extra_fields=extra_fields, max_sequences=max_sequences,
+                       max_length_buckets=max_length_buckets, **common)

@@ -25,6 +25,7 @@ from ..packing.checks import (check_bool, check_fill, check_int, check_padding, 
 from ..packing.sequences import PackInfo, _backend_for
 from ..packing.tensors import host_tensor, to_device
 from ..planning.planner import as_lengths
+from .contract import apply_contract, check_contract, check_shard_slots
 
 CP_MODES = ("zigzag", "contiguous")
 _CORE_KEYS = ("input_ids", "labels", "shift_labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k",
@@ -258,7 +259,7 @@ def _split_field(t: torch.Tensor, src: torch.Tensor, ids_shape) -> torch.Tensor:
 def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = "zigzag", *,
                            lengths: Optional[Sequence[int]] = None, pack_info: Optional[PackInfo] = None,
                            pad_token_id: int = 0, ignore_index: int = -100, backend: str = "auto",
-                           return_info: bool = False):
+                           return_info: bool = False, max_sequences: Optional[int] = None, max_length_buckets=None):
     """Context-parallel rank ``cp_rank``'s shard of a flat packed batch (``pack_sequences`` / the collators).
 
     Modes:
@@ -283,9 +284,11 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
 
     The split is one ``packkit::cp_shard`` launch (no host sync) once the segment lengths are known on the
     host: see the module doc for ``lengths=`` / ``pack_info=``. ``return_info=True`` also returns a
-    :class:`CPShardInfo` for :func:`unshard_context_parallel`.
+    :class:`CPShardInfo` for :func:`unshard_context_parallel`. ``max_sequences`` / ``max_length_buckets``: the
+    static-shape contract on the shard, as :func:`packkit.pack_context_parallel` (shard a batch packed without it).
     """
     _check_cp(cp_size, cp_rank, mode)
+    max_sequences, max_length_buckets = check_contract(max_sequences, max_length_buckets)
     pad_token_id, ignore_index = check_int(pad_token_id, "pad_token_id", 0), check_int(ignore_index, "ignore_index")
     check_bool(return_info, "return_info")
     if not isinstance(batch, dict) or "input_ids" not in batch:
@@ -320,6 +323,12 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
                          f"({int(cu[i - 1])})")
     if int(cu[-1]) != num_tokens:
         raise ValueError(f"the segment lengths sum to {int(cu[-1])} but the batch has {num_tokens} tokens")
+    if max_sequences is not None:
+        if "cu_seq_lens_q" in batch and lengths is None and pack_info is None and len(cu) > 1 and \
+                (np.diff(cu) == 0).any():
+            raise ValueError("max_sequences=: the batch's cu_seq_lens_q has zero-length slots (packed under the "
+                             "contract already); pack without max_sequences and give it to the shard")
+        check_shard_slots(cu, len(cu) - 1, cp_size, mode, max_sequences)
     cup, local_len, local_cu = _cp_geometry(cu, cp_size, cp_rank, mode)
     zigzag = mode == "zigzag"
 
@@ -336,7 +345,8 @@ def shard_context_parallel(batch: dict, cp_size: int, cp_rank: int, mode: str = 
     outs = _cp_op(which)(
         ids.contiguous(), labels.contiguous(), pos.reshape(num_tokens).to(torch.int64).contiguous(), cu_dev.contiguous(),
         cup_dev.contiguous(), cp_size, cp_rank, zigzag, local_len, int(pad_token_id), int(ignore_index))
-    out = _shard_outputs(outs, local_cu, cup_dev if zigzag else None, device)
+    out = apply_contract(_shard_outputs(outs, local_cu, cup_dev if zigzag else None, device), max_sequences,
+                         max_length_buckets, local_len)
     for key, value in batch.items():
         if key in _CORE_KEYS:
             continue

@@ -105,8 +105,12 @@ class PackingCollator:
         max_sequences: the static-shape contract (docs/packing.md "Static shapes"): N sequence slots per row (a
             row's padding takes one), ``cu_seq_lens_q/k`` always ``num_rows * N + 1`` long (flat: ``N + 1``). Rows
             are planned with at most N - 1 documents; the flat row is ``capacity`` tokens (fixed) unless
-            ``pad_to_capacity=False``. A batch with more sequences than slots is refused by name, never cut.
-        max_length_buckets: ``max_length_q/k`` rounded up to ``"pow2"`` buckets or a list of ints.
+            ``pad_to_capacity=False``. A batch with more sequences than slots is refused by name, never cut. With
+            ``context_parallel``: N slots per rank shard (``cu_seq_lens_q/k`` ``N + 1`` long, as
+            ``pack_context_parallel(max_sequences=N)``); the shard holds every row's segments (documents and
+            padding tails, plus contiguous mode's end CP padding), decided the same on every rank.
+        max_length_buckets: ``max_length_q/k`` rounded up to ``"pow2"`` buckets or a list of ints (with
+            ``context_parallel``: the shard's).
     """
 
     def __init__(self, capacity: Optional[int] = None, *, layout: str = "flat", algorithm: str = "obfd",
@@ -170,9 +174,6 @@ class PackingCollator:
         # the static-shape contract (packing/static_shapes.py): N slots per row, bucketed max_length
         self.max_sequences, self.max_length_buckets = check_max_sequences(max_sequences), check_buckets(
             max_length_buckets)
-        if self.max_sequences is not None and self.context_parallel is not None:
-            raise ValueError("max_sequences= with context_parallel=: pass max_sequences to pack_context_parallel "
-                             "(the CP shard's slots), not to the collator")
         if model_config is not None:  # the layouts this model cannot take exactly
             check_batch_layout(model_config, layout, return_block_mask, self.context_parallel is not None)
 
@@ -244,6 +245,9 @@ class PackingCollator:
             token_fields = self._cp_token_fields(fields, lengths, flat_ids)
             if token_fields is not None:
                 return self._fused_cp(flat_ids, flat_labels, lengths, plan, pack_args, token_fields)
+        contract = {}
+        if self.context_parallel is not None:  # the contract is the CP shard's (N slots per rank), not the row's
+            contract = {k: pack_args.pop(k) for k in ("max_sequences", "max_length_buckets") if k in pack_args}
         batch, info = pack_sequences(flat_ids, lengths, labels=flat_labels, plan=plan, pad_token_id=self.pad_token_id,
                                      ignore_index=self.ignore_index, mask_first_label=mask_first,
                                      position_ids_start=self.position_ids_start, device=self.device,
@@ -261,7 +265,7 @@ class PackingCollator:
         if self.context_parallel is not None:
             cp_size, cp_rank, mode = self.context_parallel
             batch = shard_context_parallel(batch, cp_size, cp_rank, mode, pack_info=info,
-                                           pad_token_id=self.pad_token_id, ignore_index=self.ignore_index)
+                                           pad_token_id=self.pad_token_id, ignore_index=self.ignore_index, **contract)
         return batch
 
     def _plan(self, lengths, rows=None):
@@ -297,7 +301,7 @@ class PackingCollator:
         return plan, dict(layout="padded", num_rows=num_rows, row_len=row_len, **self._contract())
 
     def _contract(self) -> dict:
-        """pack_sequences' static-shape arguments, when given (the CP path takes none of them)."""
+        """The static-shape arguments, when given (under context_parallel= they apply to the rank's shard)."""
         return {k: v for k, v in (("max_sequences", self.max_sequences), ("max_length_buckets",
                                   self.max_length_buckets)) if v is not None}
 

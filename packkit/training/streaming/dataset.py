@@ -78,8 +78,9 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             (unused slots repeat the last offset). Rows are planned with at most ``N - 1`` pieces in the padded
             layout (a row's padding takes a slot), ``N // rows_per_item`` in the flat one (an item's rows share
             its N slots; N must be >= rows_per_item). Never truncated: an item that does not fit (rows planned
-            under a larger N before a resume) is refused by name. Not with ``context_parallel`` (pass
-            ``max_sequences`` to :func:`packkit.pack_context_parallel`).
+            under a larger N before a resume) is refused by name. With ``context_parallel``: N slots for the
+            item's rank shard (as ``pack_context_parallel(max_sequences=N)``), rows planned so that every row's
+            pieces and padding tails (and contiguous mode's end CP padding) fit them.
 
     Each item is ``packkit.pack_sequences(...)``'s dict for its rows (HF keys ``input_ids, labels,
     position_ids, seq_idx, cu_seq_lens_q/k, max_length_q/k``), so use ``DataLoader(ds, batch_size=None)``.
@@ -156,7 +157,8 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                 raise ValueError("context_parallel= does not support mrope=")
             check_cp_capacity(self._cp_multiple, self.capacity)
         self.max_sequences = check_max_sequences(max_sequences)
-        self._per_row = pieces_per_row(self.max_sequences, self.layout, self.rows_per_item, self.context_parallel)
+        self._per_row = pieces_per_row(self.max_sequences, self.layout, self.rows_per_item, self.context_parallel,
+                                       self.capacity)
         self._epoch = 0
         self._loaded: Optional[dict] = None  # a state to resume from at the next __iter__
         self._progress: Optional[Progress] = None  # the running (or last) pass

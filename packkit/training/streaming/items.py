@@ -16,16 +16,25 @@ from ...packing.static_shapes import documents_per_row
 from ...planning.planner import Plan
 
 
-def pieces_per_row(max_sequences: Optional[int], layout: str, rows_per_item: Optional[int], context_parallel):
-    """The planner's pieces-per-row limit under ``max_sequences`` N slots per item row (None: no limit)."""
+def pieces_per_row(max_sequences: Optional[int], layout: str, rows_per_item: Optional[int], context_parallel,
+                   capacity: int):
+    """The planner's pieces-per-row limit under ``max_sequences`` N slots per item row, or per item's CP shard
+    (None: no limit)."""
     if max_sequences is None:
         return None
-    if context_parallel is not None:
-        raise ValueError("max_sequences= with context_parallel=: pass max_sequences to pack_context_parallel "
-                         "(N slots per rank shard)")
+    k = rows_per_item or 1
+    if context_parallel is not None:  # N slots for the rank's shard: every row's segments, + contiguous end padding
+        cp_size, _, mode = context_parallel
+        end = int(mode == "contiguous" and (layout == "flat" or capacity % cp_size != 0))
+        per_row = (max_sequences - end) // k - (layout == "padded")  # a padded row's tail takes a slot
+        if per_row < 1:
+            raise ValueError(f"max_sequences={max_sequences} leaves no slot for a document in each of the "
+                             f"{k} rows of an item's CP shard (padding tails{' and the end CP padding' if end else ''}"
+                             " take slots); raise max_sequences or lower rows_per_item")
+        return per_row
     if layout == "padded":
         return documents_per_row(max_sequences)  # a row's padding takes a slot
-    k = rows_per_item or 1  # flat: the item's k rows, no padding, share its N slots
+    # flat: the item's k rows, no padding, share its N slots
     if max_sequences < k:
         raise ValueError(f"max_sequences={max_sequences} is below rows_per_item={k}: in the flat layout an item's "
                          "rows share its N slots, one piece per row at least")
@@ -62,11 +71,14 @@ def pack_rows(ds, rows: list, num_rows: Optional[int]) -> dict:
     cp = ds.context_parallel
     if cp is not None and not fields:
         return pack_context_parallel(ids, *cp, lengths=lengths, **args)
+    if cp is not None:  # the contract is the shard's: pack the rows without it
+        args["max_sequences"] = None
     batch = pack_sequences(ids, lengths, fields=fields, pad_values=ds.pad_values, extra_fields=ds.extra_fields,
                            mrope=ds.mrope, **args)
     if cp is None:
         return batch
-    return shard_context_parallel(batch, *cp, pad_token_id=ds.pad_token_id, ignore_index=ds.ignore_index)
+    return shard_context_parallel(batch, *cp, pad_token_id=ds.pad_token_id, ignore_index=ds.ignore_index,
+                                  max_sequences=ds.max_sequences)
 
 def add_example_ids(ds, batch: dict, rows: list) -> dict:
     if ds.return_example_ids:
