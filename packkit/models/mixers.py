@@ -1,6 +1,7 @@
 """Per-document forward for recurrent mixers whose layers get no document boundaries from transformers (Mamba-1:
 ``MambaMixer``, ``FalconMambaMixer``, ``JambaMambaMixer``; they call ``selective_scan_fn`` / ``mamba_inner_fn``
-without ``seq_idx``; Mamba-2 ``Mamba2Mixer``: transformers 5.25 passes the call's keywords to the backbone, but the mixer reads no boundaries from them).
+without ``seq_idx``; Mamba-2 ``Mamba2Mixer``: transformers 5.25 passes the call's keywords to the backbone, but
+the mixer reads no boundaries from them).
 
 The model's forward pre-hook (``prepare.py``) keeps the call's ``cu_seq_lens_q`` / ``seq_idx`` / ``position_ids``;
 each mixer then runs its own forward once per document, from a zero state, and concatenates: exact against each
