@@ -49,6 +49,8 @@ def plan_pipeline(lengths, capacity: int, *, pp_size: int, dp_size: int = 1, num
 
     array = as_lengths(lengths)
     n = int(array.size)
+    if n == 0:
+        raise ValueError("lengths is empty: a pipeline step needs at least dp_size documents")
     cap, pp, dp, v, group = check_args(
         Int("capacity", 1, 2**62), Int("pp_size", 1, 4096), Int("dp_size", 1, max(1, n)),
         Int("virtual_stages", 1, 4096), Int("microbatch_group", 1, max(1, n)),
@@ -58,8 +60,6 @@ def plan_pipeline(lengths, capacity: int, *, pp_size: int, dp_size: int = 1, num
                                      values=(num_microbatches, schedule, order_rounds))
     ratio, wf, p2p = check_args(Real("backward_ratio", 0.0), Real("weight_fraction", 0.0, 1.0), Real("p2p", 0.0),
                                 values=(backward_ratio, weight_fraction, p2p))
-    if n == 0:
-        raise ValueError("lengths is empty: a pipeline step needs at least dp_size documents")
     if schedule in ("gpipe", "1f1b") and v != 1:
         raise ValueError(f"virtual_stages must be 1 under schedule {schedule!r}; use 'interleaved' or 'zb'")
     if array.min() < 1:

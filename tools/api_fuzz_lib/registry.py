@@ -6,15 +6,18 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from . import reg_core, reg_cp_plan, reg_extra, reg_integrations, reg_megatron_cp, reg_more, reg_rl_sp
+from . import reg_core, reg_cp_plan, reg_extra, reg_integrations, reg_megatron_cp, reg_more, reg_pipeline, reg_rl_sp
 
-MODULES = ("packkit", "packkit.rl", "packkit.shared_prefix", "packkit.integrations.megatron",
+MODULES = ("packkit", "packkit.pipeline", "packkit.rl", "packkit.shared_prefix", "packkit.integrations.megatron",
            "packkit.integrations.verl", "packkit.integrations.verl_shared_prefix", "packkit.integrations.torchtitan",
            "packkit.integrations.axolotl", "packkit.integrations.swift", "packkit.integrations.llamafactory")
 
 # Public names that are not fuzzed by calling them, and why.
 NOT_CALLED = {
     "packkit.ContextParallelPlan": "a result type of plan_context_parallel (its passes are checked there)",
+    "packkit.pipeline.PipelinePlan": "a result type of plan_pipeline (checked there)",
+    "packkit.pipeline.PipelineSim": "a result type of pp_simulate (checked there)",
+    "packkit.pipeline.PipelineStep": "a result type of PipelineStepPlanner.step (checked there)",
     "packkit.Segments": "a NamedTuple of plan arrays (its fields are checked by every plan's checker)",
     "packkit.PackLayout": "a NamedTuple returned by pack_layout (checked there)",
     "packkit.PackInfo": "returned by pack_sequences(return_info=True); fuzzed as unpack_sequences' stale info",
@@ -124,12 +127,14 @@ CALLBACKS = {name: ("cost",) for name in (
     "packkit.plan", "packkit.PackedBatchSampler", "packkit.plan_context_parallel", "packkit.pack_dataset",
     "packkit.rl.micro_batches", "packkit.shared_prefix.pack_groups", "packkit.shared_prefix.pack_tree",
     "packkit.shared_prefix.plan_trees", "packkit.shared_prefix.tree_costs", "packkit.shared_prefix.tree_micro_batches",
-    "packkit.integrations.torchtitan.BalancedDocumentStream", "packkit.integrations.verl.balance_batch")}
+    "packkit.integrations.torchtitan.BalancedDocumentStream", "packkit.integrations.verl.balance_batch",
+    "packkit.pipeline.plan_pipeline", "packkit.pipeline.PipelineStepPlanner")}
 
 
 def build() -> dict:
     reg: dict = {}
-    for module in (reg_core, reg_rl_sp, reg_more, reg_extra, reg_cp_plan, reg_megatron_cp, reg_integrations):
+    for module in (reg_core, reg_rl_sp, reg_more, reg_extra, reg_cp_plan, reg_megatron_cp, reg_integrations,
+                   reg_pipeline):
         module.register(reg)
     for name, params in {**CALLBACKS, **reg_integrations.CALLBACK_APIS}.items():
         if name in reg:
