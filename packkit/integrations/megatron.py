@@ -178,16 +178,9 @@ def pipeline_data_iterator(microbatches, sequences, labels=None, *, cp_size: int
     padding to the longest): with ``config.variable_seq_lengths=True`` Megatron's p2p communicator sends each
     micro-batch's activation shape first. Everything is checked before the first micro-batch is yielded."""
     from ..packing.sequences import pack_sequences
+    from ..training.pipeline.microbatches import microbatch_rows
 
-    rows = [list(map(int, row)) for row in microbatches]
-    if not rows or any(not row for row in rows):
-        raise ValueError("microbatches must be a non-empty list of non-empty lists of document indices")
-    n = len(sequences)
-    bad = [i for row in rows for i in row if not 0 <= i < n]
-    if bad:
-        raise ValueError(f"microbatches names document {bad[0]}; sequences has {n} (indices 0 .. {n - 1})")
-    if labels is not None and len(labels) != n:
-        raise ValueError(f"labels has {len(labels)} entries, sequences {n}: one label sequence per document")
+    rows = microbatch_rows(microbatches, sequences, labels)
     built = []
     for row in rows:
         flat = pack_sequences([sequences[i] for i in row], labels=None if labels is None else [labels[i] for i in row],

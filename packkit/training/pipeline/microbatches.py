@@ -59,13 +59,8 @@ class PackedLoss:
         return torch.nn.functional.cross_entropy(flat, target, ignore_index=IGNORE, reduction="sum") / self.count
 
 
-def pipeline_microbatches(microbatches, sequences, labels=None, *, row_len=None, max_sequences=None,
-                          pad_token_id: int = 0) -> PipelineBatch:
-    """Pack ``microbatches`` (lists of indices into ``sequences``, in schedule order: one DP rank's
-    ``plan_pipeline(...).microbatches[rank]``) into a :class:`PipelineBatch`.
-
-    ``row_len`` (default: the longest micro-batch) and ``max_sequences`` (default: the most documents in one
-    micro-batch, plus the padding slot) fix the shape; a micro-batch over either is a ValueError."""
+def microbatch_rows(microbatches, sequences, labels=None) -> list:
+    """``microbatches`` as lists of ints, each naming documents of ``sequences``; ValueError naming what is wrong."""
     rows = [list(map(int, row)) for row in microbatches]
     if not rows or any(not row for row in rows):
         raise ValueError("microbatches must be a non-empty list of non-empty lists of document indices")
@@ -75,6 +70,17 @@ def pipeline_microbatches(microbatches, sequences, labels=None, *, row_len=None,
         raise ValueError(f"microbatches names document {bad[0]}; sequences has {n} (indices 0 .. {n - 1})")
     if labels is not None and len(labels) != n:
         raise ValueError(f"labels has {len(labels)} entries, sequences {n}: one label sequence per document")
+    return rows
+
+
+def pipeline_microbatches(microbatches, sequences, labels=None, *, row_len=None, max_sequences=None,
+                          pad_token_id: int = 0) -> PipelineBatch:
+    """Pack ``microbatches`` (lists of indices into ``sequences``, in schedule order: one DP rank's
+    ``plan_pipeline(...).microbatches[rank]``) into a :class:`PipelineBatch`.
+
+    ``row_len`` (default: the longest micro-batch) and ``max_sequences`` (default: the most documents in one
+    micro-batch, plus the padding slot) fix the shape; a micro-batch over either is a ValueError."""
+    rows = microbatch_rows(microbatches, sequences, labels)
     sizes = [sum(len(sequences[i]) for i in row) for row in rows]
     longest = max(sizes)
     (row_len,) = check_args(Int("row_len", longest, optional=True), values=(row_len,))
