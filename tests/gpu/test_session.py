@@ -1,4 +1,4 @@
-"""`tests/gpu/run.sh session` under a fake 90-second deadline with its self-check step made slow on purpose
+"""`tests/gpu/run.sh session` under a fake 30-second deadline with its self-check step made slow on purpose
 (PACKKIT_SESSION_SLOW): session.json must show the step before it finished, the slow one stopped at the deadline,
 every later one `skipped: deadline`, and stay within the device's limits on what comes back. Forced to the CPU mode
 (CUDA_VISIBLE_DEVICES=""), so it runs the same on a GPU machine."""
@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.full
 
 ROOT = Path(__file__).resolve().parents[2]
-DEADLINE = 90
+DEADLINE = 30
 
 
 def test_session_keeps_what_finished_and_skips_the_rest_at_the_deadline(tmp_path):
