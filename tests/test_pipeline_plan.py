@@ -74,7 +74,35 @@ def test_beats_data_order_rows_on_a_long_tail_step():
     rows.append(cur)
     base = pp_simulate(rows, pp_size=pp, cost=COST)
     assert plan.makespan <= base.makespan
-    assert plan.makespan <= 1.10 * plan.lower_bound
+    # its own bound falls as its first and last micro-batches get light (csrc/planner/pipeline_reshape.cpp), so a
+    # faster plan can sit further from it: 1.11x here, 1.10x with equal rows and a 10% longer step
+    assert plan.makespan <= 1.15 * plan.lower_bound
+
+
+def _equal_rows_best_order(lengths, capacity, pp, m):
+    """Rows of equal cost (heaviest document into the lightest row with room), the fastest of heavy first, light
+    first and heavy in the middle: what the plan did before it cut rows that ramp."""
+    cost = np.array([COST[0] * x + COST[1] * x * x for x in lengths])
+    rows, tokens = np.zeros(m), np.zeros(m)
+    for d in np.argsort(-cost, kind="stable"):
+        room = np.where(tokens + lengths[d] <= capacity)[0]
+        i = room[np.argmin(rows[room])]
+        rows[i] += cost[d]
+        tokens[i] += lengths[d]
+    heavy = np.sort(rows)[::-1]
+    hill = np.concatenate([heavy[0::2][::-1], heavy[1::2]])
+    return min(pp_simulate(forward=o, pp_size=pp).makespan for o in (heavy, heavy[::-1], hill))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_light_first_and_last_microbatches_beat_equal_rows(seed):
+    # 48 SFT-like documents in 32 micro-batches at pp 8: equal rows make the fill and the drain as long as an average
+    # row; rows that ramp up and back down measured 8-16% shorter steps (seeds 0-7)
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(rng.lognormal(np.log(1200), 0.6, 48).astype(int) + 1, 16384).tolist()
+    plan = packkit.plan_pipeline(lengths, 16384, pp_size=8, num_microbatches=32, cost=COST)
+    _check(plan, lengths, 16384, "1f1b", 8, 1)
+    assert plan.makespan < 0.95 * _equal_rows_best_order(np.array(lengths), 16384, 8, 32)
 
 
 def test_bad_arguments_named():

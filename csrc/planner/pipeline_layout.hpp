@@ -62,14 +62,20 @@ struct Ordered {
 };
 
 // One rank's rows (heaviest first) in the order the simulator finds fastest; the same rows and rank give the same
-// order.
+// order. `start`, if given, is one more order to start from (the rank's current one).
 RankOrder order_rank(const OrderSearch& search, const std::vector<double>& row_cost, const std::vector<int64_t>& mine,
-                     int64_t rounds, int64_t rank);
+                     int64_t rounds, int64_t rank, const std::vector<int64_t>* start = nullptr);
 Ordered order_ranks(const OrderSearch& search, const Layout& layout, int64_t rounds);
+void totals(Ordered& out);  // the step's makespan and bound: the slowest rank's
+void sort_heaviest_first(std::vector<int64_t>& ids, const Rows& rows);
 // Moves documents from the slowest rank to the fastest while that shortens the slower of the two (at most
 // max_moves), re-ordering both.
 void rebalance(const OrderSearch& search, Layout& layout, Ordered& ordered, const int64_t* len, const double* cost,
                int64_t capacity, int64_t rounds, int64_t max_moves);
+// Each rank's documents re-cut into rows that ramp up and back down (pipeline_reshape.cpp); a rank keeps the new rows
+// only when its simulated step gets shorter.
+void reshape_ranks(const OrderSearch& search, Layout& layout, Ordered& ordered, const int64_t* len, const double* cost,
+                   int64_t capacity, int64_t rounds);
 
 }  // namespace detail
 }  // namespace pipeline

@@ -11,7 +11,7 @@ namespace pipeline {
 namespace detail {
 
 RankOrder order_rank(const OrderSearch& search, const std::vector<double>& row_cost, const std::vector<int64_t>& mine,
-                     int64_t rounds, int64_t rank) {
+                     int64_t rounds, int64_t rank, const std::vector<int64_t>* start) {
   const size_t m = mine.size();
   std::vector<double> fwd(m);
   auto fill = [&](const std::vector<int64_t>& order) {
@@ -31,6 +31,7 @@ RankOrder order_rank(const OrderSearch& search, const std::vector<double>& row_c
     for (size_t k = 0; k < m; ++k) hill[k % 2 ? --hi : lo++] = mine[m - 1 - k];
     shapes.push_back(hill);
   }
+  if (start && start->size() == m) shapes.push_back(*start);
   RankOrder best;
   for (const auto& s : shapes) {
     fill(s);
@@ -54,8 +55,6 @@ RankOrder order_rank(const OrderSearch& search, const std::vector<double>& row_c
   return best;
 }
 
-namespace {
-
 void totals(Ordered& out) {
   out.makespan = out.lower_bound = 0.0;
   for (const RankOrder& r : out.ranks) out.makespan = std::max(out.makespan, r.time), out.lower_bound = std::max(out.lower_bound, r.bound);
@@ -66,8 +65,6 @@ void sort_heaviest_first(std::vector<int64_t>& ids, const Rows& rows) {
     return rows.cost[static_cast<size_t>(x)] > rows.cost[static_cast<size_t>(y)];
   });
 }
-
-}  // namespace
 
 Ordered order_ranks(const OrderSearch& search, const Layout& layout, int64_t rounds) {
   Ordered out;
@@ -119,8 +116,8 @@ void rebalance(const OrderSearch& search, Layout& layout, Ordered& ordered, cons
       std::vector<int64_t> slow_ids = layout.rank_rows[slow], fast_ids = layout.rank_rows[fast];
       sort_heaviest_first(slow_ids, rows);
       sort_heaviest_first(fast_ids, rows);
-      RankOrder s = order_rank(search, rows.cost, slow_ids, rounds, static_cast<int64_t>(slow));
-      RankOrder f = order_rank(search, rows.cost, fast_ids, rounds, static_cast<int64_t>(fast));
+      RankOrder s = order_rank(search, rows.cost, slow_ids, rounds, static_cast<int64_t>(slow), &ordered.ranks[slow].order);
+      RankOrder f = order_rank(search, rows.cost, fast_ids, rounds, static_cast<int64_t>(fast), &ordered.ranks[fast].order);
       if (std::max(s.time, f.time) < ordered.ranks[slow].time) {
         layout.rank_rows[slow] = std::move(slow_ids), layout.rank_rows[fast] = std::move(fast_ids);
         ordered.ranks[slow] = std::move(s), ordered.ranks[fast] = std::move(f);

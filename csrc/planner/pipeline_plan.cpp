@@ -81,6 +81,8 @@ PipelinePlan plan_pipeline(const int64_t* len, const double* cost, int64_t n, co
     if (c == 0 || got.makespan < best.makespan) best = std::move(got), chosen = c;
   }
   if (trial_rounds < o.order_rounds) best = order_ranks(search, layouts[chosen], o.order_rounds);
+  // Equal rows are not the fastest rows: light first and last micro-batches shorten the fill and the drain.
+  reshape_ranks(search, layouts[chosen], best, len, cost, o.capacity, o.order_rounds);
   // Equal work is not equal time when a rank holds an outlier: move documents off the slowest rank while it helps.
   if (o.dp > 1) rebalance(search, layouts[chosen], best, len, cost, o.capacity, o.order_rounds, 8 * o.dp);
   const Rows& rows_out = layouts[chosen].rows;
