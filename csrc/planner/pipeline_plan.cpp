@@ -66,9 +66,18 @@ PipelinePlan plan_pipeline(const int64_t* len, const double* cost, int64_t n, co
   layouts.push_back(deal_rows(std::move(rows), o.dp, m));
   Layout by_rank;
   if (o.dp > 1 && ranks_first(by_cost, len, cost, n, o.dp, m, o.capacity, by_rank)) layouts.push_back(std::move(by_rank));
-  for (int64_t k = 1; k <= 3 && o.dp > 1; ++k) {
+  // k = 1..3 outliers isolated, and, when a step has more, every document whose own path outlasts an average rank's
+  // busiest stage (cost over total / (dp * pp)): thousands of documents hold several
+  double total_cost = 0.0;
+  for (int64_t i = 0; i < n; ++i) total_cost += cost[i];
+  int64_t dominant = 0;
+  while (dominant < n && cost[by_cost[static_cast<size_t>(dominant)]] > total_cost / static_cast<double>(o.dp * o.pp))
+    ++dominant;
+  std::vector<int64_t> ks{1, 2, 3};
+  if (dominant > 3) ks.push_back(dominant);
+  for (int64_t k : ks) {
     Layout isolated;
-    if (!isolate_outliers(by_cost, len, cost, n, o.dp, m, o.capacity, k, isolated)) break;
+    if (o.dp < 2 || !isolate_outliers(by_cost, len, cost, n, o.dp, m, o.capacity, k, isolated)) break;
     layouts.push_back(std::move(isolated));
   }
   OrderSearch search{o, rank_orders(o.schedule, o.pp, o.virtual_stages, m), stages};
