@@ -199,6 +199,40 @@ def spread(rng, steps, pp=2, dp=8):
     return out
 
 
+SWEEP = ((2, 1, 4), (4, 1, 16), (8, 1, 64), (4, 64, 4), (4, 64, 16), (8, 64, 32), (2, 16, 64))  # (pp, dp, m)
+
+
+def sweep(rng, steps):
+    """The issue's range beyond the main table: dp 1-64, 4-64 micro-batches per step (fewer steps per row: a step at
+    dp 64 is 3,072-4,096 documents, and the Python baselines take seconds on it)."""
+    out = []
+    for name, (_, _, _, per, _) in WORKLOADS.items():
+        for pp, dp, m in SWEEP:
+            if m > per:  # every micro-batch holds a document: this workload has too few per rank
+                continue
+            ours, bound, dbound, base = [], [], [], {}
+            for _ in range(steps):
+                lengths, capacity = draw(rng, name, dp)
+                try:
+                    p = packkit.plan_pipeline(lengths, capacity, pp_size=pp, dp_size=dp, num_microbatches=m, cost=COST)
+                except ValueError:  # m rows of capacity per rank cannot hold the step's tokens: no plan can
+                    continue
+                ours.append(p.makespan), bound.append(p.lower_bound), dbound.append(p.data_bound)
+                for k, v in baselines(lengths, capacity, pp, dp, m).items():
+                    base.setdefault(k, []).append(v)
+            if not ours:
+                out.append({"workload": name, "pp": pp, "dp": dp, "m": m, "steps": 0,
+                            "skipped": "m rows of capacity per DP rank cannot hold the step's tokens"})
+                continue
+            med = statistics.median(ours)
+            base.pop("verl over-capacity rows", None)
+            ratios = {k: statistics.median(v) / med for k, v in base.items()}
+            out.append({"workload": name, "pp": pp, "dp": dp, "m": m, "steps": len(ours),
+                        "median_over_bound": med / statistics.median(bound),
+                        "median_over_data_bound": med / statistics.median(dbound), "baseline_over_packkit": ratios})
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=100)
@@ -218,10 +252,17 @@ def main():
             ours, bound, dbound, base = [], [], [], {}
             for _ in range(steps):
                 lengths, capacity = draw(rng, name, dp)
-                p = packkit.plan_pipeline(lengths, capacity, pp_size=pp, dp_size=dp, num_microbatches=m, cost=COST)
+                try:
+                    p = packkit.plan_pipeline(lengths, capacity, pp_size=pp, dp_size=dp, num_microbatches=m, cost=COST)
+                except ValueError:  # m rows of capacity per rank cannot hold the step's tokens: no plan can
+                    continue
                 ours.append(p.makespan), bound.append(p.lower_bound), dbound.append(p.data_bound)
                 for k, v in baselines(lengths, capacity, pp, dp, m).items():
                     base.setdefault(k, []).append(v)
+            if not ours:
+                out.append({"workload": name, "pp": pp, "dp": dp, "m": m, "steps": 0,
+                            "skipped": "m rows of capacity per DP rank cannot hold the step's tokens"})
+                continue
             med = statistics.median(ours)
             over = base.pop("verl over-capacity rows", [])
             ratios = {k: statistics.median(v) / med for k, v in base.items()}
@@ -246,10 +287,21 @@ def main():
         wait = f" ({100 * v['delayed_fraction']:.1f}% of documents waited, <= {v['max_wait']} steps)" if "max_wait" in v else ""
         print(f"| {k}{wait} | {v['mean'] / sp['packkit']['mean']:.3f} | {100 * v['cv']:.1f}% | "
               f"{v['min'] / v['mean']:.2f}-{v['max'] / v['mean']:.2f} |")
+    sw = sweep(rng, 2 if args.quick else 10)
+    print("\nthe range: dp 1-64, 4-64 micro-batches (10 steps a row)")
+    print("| workload | pp | dp | m | packkit / own bound | packkit / any-plan bound | best baseline / packkit | best baseline |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in sw:
+        if not r["steps"]:
+            print(f"| {r['workload']} | {r['pp']} | {r['dp']} | {r['m']} | {r['skipped']} | | | |")
+            continue
+        best = min(r["baseline_over_packkit"], key=r["baseline_over_packkit"].get)
+        print(f"| {r['workload']} | {r['pp']} | {r['dp']} | {r['m']} | {r['median_over_bound']:.3f} | "
+              f"{r['median_over_data_bound']:.3f} | {r['baseline_over_packkit'][best]:.3f} | {best} |")
     lengths = np.minimum(rng.lognormal(np.log(2000), 1.2, 4096).astype(np.int64) + 1, 131072)
     median, _, _ = _results.timed(lambda: packkit.plan_pipeline(lengths, 131072, pp_size=8, dp_size=64, cost=COST), 5)
     print(f"\nplanning 4,096 documents at pp 8 x dp 64: {1e3 * median:.1f} ms (median of 5)")
-    doc = {"machine": _results.machine_info(), "steps": steps, "rows": rows_out, "spread": sp,
+    doc = {"machine": _results.machine_info(), "steps": steps, "rows": rows_out, "spread": sp, "sweep": sw,
            "plan_ms_4096_pp8_dp64": 1e3 * median}
     _results.write_results(doc, "pipeline_cpu.json", args.out, args.quick)
 
