@@ -7,5 +7,6 @@ splits a tiny HF Llama into stage modules (:class:`LlamaStage`). docs/pipeline.m
 from .guard import check_microbatch
 from .microbatches import PipelineBatch, pipeline_microbatches
 from .llama_stages import LlamaStage, split_layers
+from .context_parallel import PipelineCPBatch, check_cp_microbatch, pipeline_cp_microbatches
 
 __all__ = ["pipeline_microbatches", "PipelineBatch", "check_microbatch", "LlamaStage", "split_layers"]
