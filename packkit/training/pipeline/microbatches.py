@@ -27,7 +27,7 @@ class PipelineBatch:
     position_ids: torch.Tensor  # (m, T) int64, restarting at 0 per document
     seq_idx: torch.Tensor  # (m, T) int32, each token's slot in its micro-batch's cu_seq_lens
     cu_seq_lens: torch.Tensor  # (m, N + 1) int32, each row 0 .. T; unused slots repeat T
-    num_label_tokens: int  # label tokens of the whole step: the loss divides by it
+    num_label_tokens: int  # label tokens of these micro-batches (the whole step without DP): the loss divides by it
 
     @property
     def num_microbatches(self) -> int:
@@ -37,11 +37,20 @@ class PipelineBatch:
         """The keyword arguments every stage's ``schedule.step`` passes (chunked alike on every rank)."""
         return {"position_ids": self.position_ids, "cu_seq_lens": self.cu_seq_lens}
 
-    def loss_fn(self):
+    def loss_fn(self, num_label_tokens=None):
         """``loss_fn(logits, labels)`` for the schedule: one micro-batch's summed next-token cross-entropy over the
         step's label-token count, so the losses' sum (and the gradient the schedule accumulates, with
-        ``scale_grads=False``) is the per-token mean over the whole step, as one forward of all the documents."""
-        return PackedLoss(self.num_label_tokens)
+        ``scale_grads=False``) is the per-token mean over the whole step, as one forward of all the documents.
+
+        ``num_label_tokens`` (default: this batch's own, ``self.num_label_tokens``) is the count to divide by. With
+        data parallelism pass the **whole step's** count, summed over the DP ranks (e.g. an all-reduce of every DP
+        rank's ``num_label_tokens``), then sum the gradients over each stage's DP group: the result is the
+        per-token mean over all the step's documents. Dividing by each DP rank's own count instead weights a
+        rank's tokens by how few it has. It must be at least this batch's own count (ValueError naming it)."""
+        if num_label_tokens is None:
+            return PackedLoss(self.num_label_tokens)
+        (count,) = check_args(Int("num_label_tokens", max(1, self.num_label_tokens)), values=(num_label_tokens,))
+        return PackedLoss(count)
 
 
 class PackedLoss:
