@@ -6,7 +6,8 @@ intermediate 256, vocab 100: compute dominates over the schedule's messages). On
 lengths lognormal (median ``--median``, sigma 1.0), clipped to [8, ``--longest``], the longest set to
 ``--longest``. Both feedings run ``--microbatches`` micro-batches per step:
 
-- ``packkit``: ``plan_pipeline(lengths, capacity=longest, pp_size=2, num_microbatches=m)``'s rows, packed by
+- ``packkit``: ``plan_pipeline(lengths, capacity=longest, pp_size=2, num_microbatches=m, padding_cost=1.0)``'s rows
+  (padded to one shape, so a light row costs a full one), packed by
   ``pipeline_microbatches`` ((m, capacity) tokens, (m, N + 1) cu_seq_lens), attention ``packkit_varlen``
   (per-document on the CPU);
 - ``pad-to-longest``: the documents in input order, ``docs / m`` per micro-batch, every row padded to the step's
@@ -56,7 +57,8 @@ def feed(mode: str, lengths: list, m: int, seed: int):
     if mode == "packkit":
         from packkit.pipeline import plan_pipeline
 
-        plan = plan_pipeline(lengths, longest, pp_size=2, num_microbatches=m)
+        # every micro-batch is padded to `longest` (one shape per step): a padding token costs what a token does
+        plan = plan_pipeline(lengths, longest, pp_size=2, num_microbatches=m, padding_cost=1.0)
         batch = pipeline_microbatches(plan.microbatches[0], seqs, row_len=longest)
         return batch.input_ids, batch.labels, batch.model_kwargs(), batch.loss_fn(), int(batch.input_ids.numel())
     per = -(-len(seqs) // m)

@@ -172,3 +172,16 @@ def test_every_dominating_document_gets_a_rank_of_its_own(seed):
     assert plan.makespan <= 1.05 * plan.lower_bound, plan.makespan / plan.lower_bound
     holders = [r for r, rank in enumerate(plan.microbatches) if any(lengths[d] == 32768 for mb in rank for d in mb)]
     assert len(holders) == int((lengths == 32768).sum())  # one capped rollout a rank
+
+
+def test_padded_rows_cost_the_same_however_full():
+    # pipeline_microbatches pads every micro-batch to one shape: with padding_cost the plan prices a light row as a
+    # full one (no gain from light end rows under "tokens"), and a padding token dearer than a real one is refused
+    lengths = [145, 112, 243, 142, 75, 184, 472, 330, 63, 36, 69, 133, 13, 103, 37, 62, 74, 93, 193, 363, 113, 1024]
+    free = packkit.plan_pipeline(lengths, 1024, pp_size=2, num_microbatches=6)
+    padded = packkit.plan_pipeline(lengths, 1024, pp_size=2, num_microbatches=6, padding_cost=1.0)
+    _check(padded, lengths, 1024, "1f1b", 2, 1)
+    assert padded.makespan == pytest.approx((6 + 2 - 1) * 1024 * 3 / 2)  # (m + pp - 1)(f + b): equal micro-batches
+    assert free.makespan < padded.makespan
+    with pytest.raises(ValueError, match="padding_cost"):
+        packkit.plan_pipeline(lengths, 1024, pp_size=2, num_microbatches=6, padding_cost=1.5)

@@ -42,7 +42,9 @@ struct OrderSearch {
   const PipelineOptions& o;
   std::vector<std::vector<Op>> orders;
   int64_t stages;
-  double eval(const std::vector<double>& mb_fwd, double* bound) const {
+  double eval(const std::vector<double>& rows_fwd, double* bound) const {
+    std::vector<double> mb_fwd(rows_fwd);
+    for (double& f : mb_fwd) f += o.row_base;
     const StageCosts c = stage_costs(mb_fwd.data(), static_cast<int64_t>(mb_fwd.size()), stages, o.layer_weights,
                                      o.bwd_ratio, o.weight_fraction, o.schedule == Schedule::ZeroBubble);
     const SimResult s = simulate(orders, c, o.pp, o.p2p);

@@ -113,7 +113,8 @@ PipelinePlan plan_pipeline(const int64_t* len, const double* cost, int64_t n, co
   // Over every plan of these documents at this m: the per-rank work share of the total, the heaviest document's path.
   double total = 0.0, heaviest = 0.0;
   for (int64_t i = 0; i < n; ++i) total += cost[i], heaviest = std::max(heaviest, cost[i]);
-  const std::vector<double> one{total / static_cast<double>(o.dp)}, top{heaviest};
+  const std::vector<double> one{total / static_cast<double>(o.dp) + static_cast<double>(m) * o.row_base},
+      top{heaviest + o.row_base};
   const bool split = o.schedule == Schedule::ZeroBubble;
   StageCosts avg = stage_costs(one.data(), 1, stages, o.layer_weights, o.bwd_ratio, o.weight_fraction, split);
   double share = 0.0;

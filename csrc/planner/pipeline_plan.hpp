@@ -51,6 +51,7 @@ struct PipelineOptions {
   int64_t virtual_stages = 1, microbatch_group = 1;
   std::vector<double> layer_weights;
   double bwd_ratio = 2.0, weight_fraction = 0.5, p2p = 0.0;
+  double row_base = 0.0;  // forward cost every micro-batch pays whatever it holds (its padding to one shape)
   int64_t order_rounds = 64;  // swap rounds of the order search per DP rank
 };
 

@@ -64,7 +64,8 @@ py::dict plan_pipeline(py::array_t<int64_t, py::array::c_style | py::array::forc
                        py::array_t<double, py::array::c_style | py::array::forcecast> costs, int64_t capacity,
                        int64_t pp, int64_t dp, int64_t num_microbatches, const std::string& schedule,
                        int64_t virtual_stages, int64_t microbatch_group, std::vector<double> layer_weights,
-                       double bwd_ratio, double weight_fraction, double p2p, int64_t order_rounds) {
+                       double bwd_ratio, double weight_fraction, double p2p, int64_t order_rounds,
+                       double row_base) {
   if (lengths.ndim() != 1 || costs.ndim() != 1 || lengths.shape(0) != costs.shape(0))
     throw packkit::InvalidInput("plan_pipeline: lengths and costs must be 1-D and of one size");
   pl::PipelineOptions o;
@@ -79,6 +80,7 @@ py::dict plan_pipeline(py::array_t<int64_t, py::array::c_style | py::array::forc
   o.weight_fraction = weight_fraction;
   o.p2p = p2p;
   o.order_rounds = order_rounds;
+  o.row_base = row_base;
   pl::PipelinePlan r;
   try {
     o.schedule = pl::parse_schedule(schedule);
@@ -109,7 +111,7 @@ void bind_pipeline(py::module_& m) {
   m.def("plan_pipeline", &plan_pipeline, py::arg("lengths"), py::arg("costs"), py::arg("capacity"), py::arg("pp"),
         py::arg("dp"), py::arg("num_microbatches"), py::arg("schedule"), py::arg("virtual_stages"),
         py::arg("microbatch_group"), py::arg("layer_weights"), py::arg("bwd_ratio"), py::arg("weight_fraction"),
-        py::arg("p2p"), py::arg("order_rounds"));
+        py::arg("p2p"), py::arg("order_rounds"), py::arg("row_base") = 0.0);
   m.def("valid_microbatches", [](const std::string& schedule, int64_t pp, int64_t v, int64_t group, int64_t at_least) {
     return pl::valid_microbatches(pl::parse_schedule(schedule), pp, v, group, at_least);
   }, py::arg("schedule"), py::arg("pp"), py::arg("virtual_stages"), py::arg("microbatch_group"), py::arg("at_least"));

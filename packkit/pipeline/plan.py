@@ -42,9 +42,13 @@ class PipelinePlan:
 def plan_pipeline(lengths, capacity: int, *, pp_size: int, dp_size: int = 1, num_microbatches=None,
                   schedule: str = "1f1b", virtual_stages: int = 1, microbatch_group: int = 1, cost="tokens",
                   layer_cost=None, backward_ratio: float = 2.0, weight_fraction: float = 0.5, p2p: float = 0.0,
-                  order_rounds: int = 64) -> PipelinePlan:
+                  order_rounds: int = 64, padding_cost: float = 0.0) -> PipelinePlan:
     """Plan one step of documents ``lengths`` for ``pp_size`` pipeline stages x ``dp_size`` DP ranks.
-    ``num_microbatches`` per DP rank (None: the fewest that hold the tokens and the schedule accepts)."""
+    ``num_microbatches`` per DP rank (None: the fewest that hold the tokens and the schedule accepts).
+    ``padding_cost``: the cost of one padding token when every micro-batch is padded to ``capacity`` tokens (torch's
+    pipeline schedules take one shape per step: ``pipeline_microbatches`` pads so), usually the per-token linear
+    part of ``cost`` (1.0 for ``"tokens"``, ``a`` for ``(a, b)``); 0 for rows that are not padded (varlen THD,
+    Megatron's ``variable_seq_lengths``). A padded row then costs the same tokens however full it is."""
     from ..planning.planner import as_lengths
 
     array = as_lengths(lengths)
@@ -58,8 +62,9 @@ def plan_pipeline(lengths, capacity: int, *, pp_size: int, dp_size: int = 1, num
     m, schedule, rounds = check_args(Int("num_microbatches", 1, max(1, n), optional=True),
                                      Choice("schedule", SCHEDULES), Int("order_rounds", 0, 10**6),
                                      values=(num_microbatches, schedule, order_rounds))
-    ratio, wf, p2p = check_args(Real("backward_ratio", 0.0), Real("weight_fraction", 0.0, 1.0), Real("p2p", 0.0),
-                                values=(backward_ratio, weight_fraction, p2p))
+    ratio, wf, p2p, pad = check_args(Real("backward_ratio", 0.0), Real("weight_fraction", 0.0, 1.0), Real("p2p", 0.0),
+                                     Real("padding_cost", 0.0), values=(backward_ratio, weight_fraction, p2p,
+                                                                        padding_cost))
     if schedule in ("gpipe", "1f1b") and v != 1:
         raise ValueError(f"virtual_stages must be 1 under schedule {schedule!r}; use 'interleaved' or 'zb'")
     if array.min() < 1:
@@ -67,12 +72,21 @@ def plan_pipeline(lengths, capacity: int, *, pp_size: int, dp_size: int = 1, num
     if array.max() > cap:
         raise ValueError(f"lengths[{int(np.argmax(array))}] = {int(array.max())} is over capacity {cap}")
     costs = doc_costs(array, cost)
+    if pad > 0.0:  # a document's own cost over the padding it displaces: each row pays capacity x pad whatever it holds
+        own = costs - pad * array
+        worst = int(np.argmin(own / np.maximum(costs, 1e-300)))
+        if own[worst] < -1e-9 * costs[worst]:
+            raise ValueError(f"padding_cost = {pad} is more than a real token costs: document {worst} ({int(array[worst])} "
+                             f"tokens) costs {float(costs[worst]):.6g}, its padding would cost {pad * array[worst]:.6g}")
+        costs = np.maximum(own, 0.0)
     weights = stage_weights(layer_cost, pp * v)
     from .. import _planner
 
-    r = _planner.plan_pipeline(array, costs, cap, pp, dp, m or 0, schedule, v, group, weights, ratio, wf, p2p, rounds)
+    r = _planner.plan_pipeline(array, costs, cap, pp, dp, m or 0, schedule, v, group, weights, ratio, wf, p2p, rounds,
+                               pad * cap)
     docs, off, k = r["docs"], r["row_offsets"], int(r["num_microbatches"])
     rows = [docs[off[i]:off[i + 1]].tolist() for i in range(len(off) - 1)]
     per_rank = [rows[j * k:(j + 1) * k] for j in range(dp)]
     return PipelinePlan(per_rank, float(r["makespan"]), float(r["lower_bound"]), float(r["data_bound"]),
-                        np.asarray(r["rank_makespan"]), float(costs.sum() * (1.0 + ratio)), pp, dp, k, schedule)
+                        np.asarray(r["rank_makespan"]), float((costs.sum() + dp * k * pad * cap) * (1.0 + ratio)), pp,
+                        dp, k, schedule)
