@@ -199,6 +199,23 @@ def spread(rng, steps, pp=2, dp=8):
     return out
 
 
+def planned_steps(rng, name, pp, dp, m, steps):
+    """``steps`` draws of a workload, each planned by packkit and fed by every baseline: (packkit's makespans, its
+    bounds, its any-plan bounds, {baseline: makespans}); a draw whose tokens m rows per rank cannot hold is left out
+    (no plan can)."""
+    ours, bound, dbound, base = [], [], [], {}
+    for _ in range(steps):
+        lengths, capacity = draw(rng, name, dp)
+        try:
+            p = packkit.plan_pipeline(lengths, capacity, pp_size=pp, dp_size=dp, num_microbatches=m, cost=COST)
+        except ValueError:
+            continue
+        ours.append(p.makespan), bound.append(p.lower_bound), dbound.append(p.data_bound)
+        for k, v in baselines(lengths, capacity, pp, dp, m).items():
+            base.setdefault(k, []).append(v)
+    return ours, bound, dbound, base
+
+
 SWEEP = ((2, 1, 4), (4, 1, 16), (8, 1, 64), (4, 64, 4), (4, 64, 16), (8, 64, 32), (2, 16, 64))  # (pp, dp, m)
 
 
@@ -210,16 +227,7 @@ def sweep(rng, steps):
         for pp, dp, m in SWEEP:
             if m > per:  # every micro-batch holds a document: this workload has too few per rank
                 continue
-            ours, bound, dbound, base = [], [], [], {}
-            for _ in range(steps):
-                lengths, capacity = draw(rng, name, dp)
-                try:
-                    p = packkit.plan_pipeline(lengths, capacity, pp_size=pp, dp_size=dp, num_microbatches=m, cost=COST)
-                except ValueError:  # m rows of capacity per rank cannot hold the step's tokens: no plan can
-                    continue
-                ours.append(p.makespan), bound.append(p.lower_bound), dbound.append(p.data_bound)
-                for k, v in baselines(lengths, capacity, pp, dp, m).items():
-                    base.setdefault(k, []).append(v)
+            ours, bound, dbound, base = planned_steps(rng, name, pp, dp, m, steps)
             if not ours:
                 out.append({"workload": name, "pp": pp, "dp": dp, "m": m, "steps": 0,
                             "skipped": "m rows of capacity per DP rank cannot hold the step's tokens"})
@@ -249,20 +257,7 @@ def main():
     for name in WORKLOADS:
         for pp, dp in ((2, 8), (4, 8), (8, 4)):
             m = 4 * pp
-            ours, bound, dbound, base = [], [], [], {}
-            for _ in range(steps):
-                lengths, capacity = draw(rng, name, dp)
-                try:
-                    p = packkit.plan_pipeline(lengths, capacity, pp_size=pp, dp_size=dp, num_microbatches=m, cost=COST)
-                except ValueError:  # m rows of capacity per rank cannot hold the step's tokens: no plan can
-                    continue
-                ours.append(p.makespan), bound.append(p.lower_bound), dbound.append(p.data_bound)
-                for k, v in baselines(lengths, capacity, pp, dp, m).items():
-                    base.setdefault(k, []).append(v)
-            if not ours:
-                out.append({"workload": name, "pp": pp, "dp": dp, "m": m, "steps": 0,
-                            "skipped": "m rows of capacity per DP rank cannot hold the step's tokens"})
-                continue
+            ours, bound, dbound, base = planned_steps(rng, name, pp, dp, m, steps)
             med = statistics.median(ours)
             over = base.pop("verl over-capacity rows", [])
             ratios = {k: statistics.median(v) / med for k, v in base.items()}

@@ -43,8 +43,12 @@ struct OrderSearch {
   std::vector<std::vector<Op>> orders;
   int64_t stages;
   double eval(const std::vector<double>& rows_fwd, double* bound) const {
-    std::vector<double> mb_fwd(rows_fwd);
-    for (double& f : mb_fwd) f += o.row_base;
+    std::vector<double> padded;  // only when rows pay a base: the search runs this thousands of times a plan
+    if (o.row_base != 0.0) {
+      padded = rows_fwd;
+      for (double& f : padded) f += o.row_base;
+    }
+    const std::vector<double>& mb_fwd = o.row_base != 0.0 ? padded : rows_fwd;
     const StageCosts c = stage_costs(mb_fwd.data(), static_cast<int64_t>(mb_fwd.size()), stages, o.layer_weights,
                                      o.bwd_ratio, o.weight_fraction, o.schedule == Schedule::ZeroBubble);
     const SimResult s = simulate(orders, c, o.pp, o.p2p);

@@ -72,6 +72,14 @@ void reshape_ranks(const OrderSearch& search, Layout& layout, Ordered& ordered, 
     std::stable_sort(docs.begin(), docs.end(), [&](int64_t x, int64_t y) {
       return cost[x] > cost[y] || (cost[x] == cost[y] && (len[x] > len[y] || (len[x] == len[y] && x < y)));
     });
+    // local row ids 0..m-1 in position order (the shape's own order), and heaviest first (order_rank's start)
+    std::vector<int64_t> position(m);
+    std::iota(position.begin(), position.end(), int64_t{0});
+    auto heaviest = [&](const Rows& cut) {
+      std::vector<int64_t> ids_by_cost(position);
+      sort_heaviest_first(ids_by_cost, cut);
+      return ids_by_cost;
+    };
     Rows best_rows;
     RankOrder best;
     for (double e : {1.0, 1.5, 2.0}) {
@@ -79,21 +87,13 @@ void reshape_ranks(const OrderSearch& search, Layout& layout, Ordered& ordered, 
       for (size_t i = 0; i < m; ++i) shape[i] = std::pow(static_cast<double>(std::min(i + 1, m - i)), e);
       Rows cut;
       if (!shaped_rows(docs, len, cost, shape, capacity, cut)) continue;
-      // local row ids 0..m-1 in position order: the shape's own order, and the order search's from there
-      std::vector<int64_t> heavy(m), position(m);
-      std::iota(position.begin(), position.end(), int64_t{0});
-      heavy = position;
-      sort_heaviest_first(heavy, cut);
-      RankOrder got = order_rank(search, cut.cost, heavy, std::min<int64_t>(rounds, 8), static_cast<int64_t>(r), &position);
+      RankOrder got = order_rank(search, cut.cost, heaviest(cut), std::min<int64_t>(rounds, 8), static_cast<int64_t>(r),
+                                 &position);
       if (best.order.empty() || got.time < best.time) best = std::move(got), best_rows = std::move(cut);
     }
     if (best.order.empty()) break;
-    if (rounds > 8) {  // the winning cut searched in full, from its best order
-      std::vector<int64_t> heavy(m);
-      std::iota(heavy.begin(), heavy.end(), int64_t{0});
-      sort_heaviest_first(heavy, best_rows);
-      best = order_rank(search, best_rows.cost, heavy, rounds, static_cast<int64_t>(r), &best.order);
-    }
+    if (rounds > 8)  // the winning cut searched in full, from its best order
+      best = order_rank(search, best_rows.cost, heaviest(best_rows), rounds, static_cast<int64_t>(r), &best.order);
     if (!(best.time < now.time)) break;
     // the rank keeps its row ids; row k of the cut goes to the k-th of them
     for (size_t k = 0; k < m; ++k) {
